@@ -1,0 +1,1 @@
+"""contrastive_jax: contrastive representation learning in JAX/Flax."""

@@ -1,0 +1,3 @@
+"""Placeholder: filled in by the loss-library work (issue 3)."""
+
+LOSSES = {}

@@ -1,0 +1,15 @@
+"""Shared test set-up: 8 virtual CPU devices, no GPU for TensorFlow.
+
+The device count must be fixed before jax initialises its backend, so it is set
+here, in the first file pytest imports.
+"""
+import os
+
+os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+import jax  # noqa: E402
+
+# Tests compare against float64 numpy references; enabling x64 here would
+# change the dtypes under test, so losses are checked in float32 to 1e-5.
+jax.config.update('jax_default_matmul_precision', 'highest')
