@@ -1,0 +1,162 @@
+r"""kNN evaluator benchmark: time and peak memory vs a numpy brute force.
+
+Run from the repository root:
+
+    PYTHONPATH=. .venv/bin/python benchmarks/knn.py            # all cases
+    PYTHONPATH=. .venv/bin/python benchmarks/knn.py --cases fmnist
+
+Cases (synthetic 10-class Gaussian mixtures, float32, k in (20, 200),
+T = 0.1, cosine):
+
+* fmnist: 60k x 128 bank, 10k queries (Fashion-MNIST sized).
+* 1m:     1M x 128 bank, 1k queries.
+
+Implementations: `jax` (knn_evaluate, one CPU device), `jax-shard2` (bank
+sharded over 2 virtual CPU devices: same 2 cores, so it shows the overhead of
+the sharded path, not a speed-up) and `numpy` (vectorised brute force:
+float32 matmul per 1024-query chunk, argpartition, stable sort, np.add.at
+votes).
+
+How it is measured. Every (case, implementation) runs in a fresh subprocess,
+so peaks do not leak between runs. Inside it: build the data, record the
+current RSS (/proc/self/statm), run once ("first": includes jit compilation),
+run again ("steady"), then report peak RSS (getrusage ru_maxrss) minus the RSS
+before the first run: the extra memory the evaluation needed, compilation and
+XLA buffers included (tracemalloc cannot see XLA's allocator). Wall-clock with
+time.perf_counter; the machine is shared, so the load average is printed too.
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+CASES = {
+    'fmnist': dict(n=60_000, d=128, q=10_000),
+    '1m': dict(n=1_000_000, d=128, q=1_000),
+}
+IMPLS = ('jax', 'jax-shard2', 'numpy')
+KS = (20, 200)
+TEMPERATURE = 0.1
+NUM_CLASSES = 10
+
+
+def make_data(n, d, q, seed=0):
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  centers = rng.normal(size=(NUM_CLASSES, d)).astype(np.float32)
+
+  def draw(m):
+    y = rng.integers(0, NUM_CLASSES, m).astype(np.int32)
+    x = centers[y] + 5.0 * rng.standard_normal((m, d), dtype=np.float32)
+    return x, y
+
+  bank, bank_y = draw(n)
+  query, query_y = draw(q)
+  return bank, bank_y, query, query_y
+
+
+def numpy_knn(bank, bank_y, query, query_y, ks=KS, chunk=1024):
+  """Vectorised float32 brute force with the same tie rules as the evaluator."""
+  import numpy as np
+  bank = bank / np.linalg.norm(bank, axis=1, keepdims=True)
+  query = query / np.linalg.norm(query, axis=1, keepdims=True)
+  kmax = max(ks)
+  correct = {(kind, k): 0 for kind in ('weighted', 'majority') for k in ks}
+  for s in range(0, len(query), chunk):
+    q, qy = query[s:s + chunk], query_y[s:s + chunk]
+    sims = q @ bank.T                                       # [c, N]
+    part = np.argpartition(-sims, kmax - 1, axis=1)[:, :kmax]
+    top = np.take_along_axis(sims, part, 1)
+    order = np.lexsort((part, -top), axis=1)       # sim desc, index asc
+    idx = np.take_along_axis(part, order, 1)
+    top = np.take_along_axis(top, order, 1)
+    labels = bank_y[idx]
+    rows = np.arange(len(q))[:, None]
+    for k in ks:
+      w = np.zeros((len(q), NUM_CLASSES))
+      np.add.at(w, (rows, labels[:, :k]), np.exp(top[:, :k] / TEMPERATURE))
+      m = np.zeros((len(q), NUM_CLASSES))
+      np.add.at(m, (rows, labels[:, :k]), 1)
+      correct['weighted', k] += int(np.sum(np.argmax(w, 1) == qy))
+      correct['majority', k] += int(np.sum(np.argmax(m, 1) == qy))
+  return {f'knn_{kind}_top1@{k}': c / len(query)
+          for (kind, k), c in correct.items()}
+
+
+def current_rss_mb():
+  with open('/proc/self/statm') as f:
+    return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE') / 2**20
+
+
+def child(case, impl):
+  """Runs one measurement and prints one JSON line."""
+  data = make_data(**CASES[case])
+  if impl == 'numpy':
+    fn = lambda: numpy_knn(*data)
+  else:
+    import jax
+    from contrastive_jax.evaluators import knn
+    mesh = None
+    if impl == 'jax-shard2':
+      # Explicit axes: the bank's layout is part of the array type, and
+      # knn_evaluate places it with NamedSharding(mesh, P('data', None)).
+      mesh = jax.make_mesh((2,), ('data',),
+                           axis_types=(jax.sharding.AxisType.Explicit,))
+    fn = lambda: knn.knn_evaluate(*data, num_classes=NUM_CLASSES, ks=KS,
+                                  temperature=TEMPERATURE, mesh=mesh)
+  rss0 = current_rss_mb()
+  t0 = time.perf_counter()
+  fn()
+  t1 = time.perf_counter()
+  metrics = fn()
+  t2 = time.perf_counter()
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  print(json.dumps(dict(case=case, impl=impl, first_s=t1 - t0,
+                        steady_s=t2 - t1, peak_delta_mb=peak - rss0,
+                        metrics=metrics)))
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--cases', nargs='+', default=list(CASES),
+                      choices=list(CASES))
+  parser.add_argument('--impls', nargs='+', default=list(IMPLS),
+                      choices=list(IMPLS))
+  parser.add_argument('--child', nargs=2, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.child:
+    child(*args.child)
+    return
+  print(f'load average at start: {os.getloadavg()}')
+  header = (f'{"case":7} {"impl":10} {"bank":>11} {"queries":>7} '
+            f'{"first s":>8} {"steady s":>8} {"peak MB":>8} '
+            f'{"w@20":>6} {"w@200":>6} {"m@200":>6}')
+  rows = []
+  for case in args.cases:
+    for impl in args.impls:
+      env = dict(os.environ)
+      env['XLA_FLAGS'] = ('--xla_force_host_platform_device_count=2'
+                          if impl == 'jax-shard2' else '')
+      out = subprocess.run(
+          [sys.executable, __file__, '--child', case, impl], env=env,
+          capture_output=True, text=True, check=True)
+      r = json.loads(out.stdout.strip().splitlines()[-1])
+      c = CASES[case]
+      m = r['metrics']
+      rows.append(
+          f'{case:7} {impl:10} {c["n"]:>8}x{c["d"]:<3}{c["q"]:>7} '
+          f'{r["first_s"]:8.2f} {r["steady_s"]:8.2f} '
+          f'{r["peak_delta_mb"]:8.0f} {m["knn_weighted_top1@20"]:6.4f} '
+          f'{m["knn_weighted_top1@200"]:6.4f} '
+          f'{m["knn_majority_top1@200"]:6.4f}')
+      print(rows[-1] if len(rows) > 1 else header + '\n' + rows[-1],
+            flush=True)
+  print(f'load average at end: {os.getloadavg()}')
+
+
+if __name__ == '__main__':
+  main()

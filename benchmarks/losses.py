@@ -1,0 +1,195 @@
+"""Forward+backward time of every registered loss against its matmul floor.
+
+For each entry of `contrastive_jax.losses.LOSSES` this builds inputs with a
+per-name builder (a loss without one is skipped with a printed reason), jits
+`value_and_grad` with respect to the trainable embeddings, and reports the
+median wall time after a warm-up next to the floor: fwd+bwd of the bare
+similarity matmul `sum(a @ b.T)` of the same shape ([N*V, N*V] for in-batch
+losses, [rows, Q] against the queue for key-encoder losses). Goal: each loss
+within 3x of its floor.
+
+    python benchmarks/losses.py                  # N*V in {512, 4096}, Q=65536
+    python benchmarks/losses.py --quick          # small sizes, ~1 minute
+    python benchmarks/losses.py --sizes 1024 --queue 16384 --only cacr,macl
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+# Run as a plain script from anywhere: the package lives one level up.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from contrastive_jax import losses  # noqa: E402
+
+# A builder maps (rng, total embeddings N*V, D, Q) to a list of cases:
+# (label, fn(trainable, *consts), trainable, consts, floor (rows, cols, b is a)).
+# Keys, queues and labels are passed as arguments, never closed over: closed-
+# over arrays become XLA constants, which it then tries to constant-fold.
+Case = tuple[str, Callable, jax.Array, tuple, tuple[int, int, bool]]
+
+
+def _z(rng, nv, d, v=2):
+  return jax.random.normal(rng, (nv // v, v, d), jnp.float32)
+
+
+def _key_inputs(rng, nv, d, q, vk=1):
+  k1, k2, k3 = jax.random.split(rng, 3)
+  query = jax.random.normal(k1, (nv, 1, d), jnp.float32)
+  key = jax.random.normal(k2, (nv, vk, d), jnp.float32)
+  queue = jax.random.normal(k3, (q, d), jnp.float32)
+  return query, key, queue
+
+
+def _in_batch(name, **kw):
+  def build(rng, nv, d, q):
+    del q
+    fn = losses.LOSSES[name]
+    return [(name, lambda z: fn(z, **kw), _z(rng, nv, d), (), (nv, nv, True))]
+  return build
+
+
+def _labelled(name, **kw):
+  def build(rng, nv, d, q):
+    del q
+    fn = losses.LOSSES[name]
+    labels = jax.random.randint(rng, (nv // 2,), 0, 10)
+    return [(name, lambda z, lab: fn(z, lab, **kw), _z(rng, nv, d), (labels,),
+             (nv, nv, True))]
+  return build
+
+
+def _infonce(rng, nv, d, q):
+  query, key, queue = _key_inputs(rng, nv, d, q)
+  fn = losses.LOSSES['infonce']
+  return [('infonce', lambda x, k, qu: fn(x, k, queue=qu,
+                                          in_batch_negatives=False),
+           query, (key, queue), (nv, q, False))]
+
+
+def _insdis(rng, nv, d, q):
+  query, key, queue = _key_inputs(rng, nv, d, q)
+  fn = losses.LOSSES['insdis']
+  return [('insdis', lambda x, k, qu: fn(x, k, queue=qu, num_data=1_281_167),
+           query, (key, queue), (nv, q, False))]
+
+
+def _cacr(rng, nv, d, q):
+  fn = losses.LOSSES['cacr']
+  z = _z(rng, nv, d)
+  key = jax.random.normal(jax.random.fold_in(rng, 1), z.shape)
+  queue = jax.random.normal(jax.random.fold_in(rng, 2), (q, d))
+  return [
+      ('cacr', fn, z, (), (nv, nv, True)),
+      ('cacr+queue', lambda x, k, qu: fn(x, key=k, queue=qu), z, (key, queue),
+       (nv, q + nv // 2, False)),
+  ]
+
+
+def _jcl(rng, nv, d, q):
+  query, key, queue = _key_inputs(rng, nv, d, q, vk=4)
+  fn = losses.LOSSES['jcl']
+  return [('jcl', lambda x, k, qu: fn(x, k, queue=qu, lam=2.0), query,
+           (key, queue), (nv, q, False))]
+
+
+BUILDERS: dict[str, Callable] = {
+    'ntxent': _in_batch('ntxent'),
+    'cmc': _in_batch('cmc'),
+    'align_uniform': _in_batch('align_uniform'),
+    'hard_negative': _in_batch('hard_negative'),
+    'dcl': _in_batch('dcl'),
+    'macl': _in_batch('macl'),
+    'supcon': _labelled('supcon'),
+    'tcl': _labelled('tcl'),
+    'infonce': _infonce,
+    'insdis': _insdis,
+    'cacr': _cacr,
+    'jcl': _jcl,
+}
+
+
+def _time(fn, args, repeats: int) -> float:
+  """Median seconds of jitted fn(*args) over `repeats` runs after a warm-up."""
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def _floor_fn(rows: int, cols: int, same: bool, d: int, rng):
+  """fwd+bwd of sum(a @ b.T); b is a itself for in-batch losses."""
+  a = jax.random.normal(rng, (rows, d), jnp.float32)
+  if same:
+    return jax.jit(jax.value_and_grad(lambda x: jnp.sum(x @ x.T))), (a,)
+  b = jax.random.normal(jax.random.fold_in(rng, 1), (cols, d), jnp.float32)
+  return jax.jit(jax.value_and_grad(lambda x, y: jnp.sum(x @ y.T))), (a, b)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--sizes', default='512,4096',
+                      help='comma-separated N*V values (total embeddings)')
+  parser.add_argument('--dim', type=int, default=128)
+  parser.add_argument('--queue', type=int, default=65536,
+                      help='queue length Q for losses that take one')
+  parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument('--only', default='',
+                      help='comma-separated loss names (default: all)')
+  parser.add_argument('--quick', action='store_true',
+                      help='sizes 256,1024, Q=8192, 2 repeats')
+  args = parser.parse_args(argv)
+  if args.quick:
+    args.sizes, args.queue, args.repeats = '256,1024', 8192, 2
+  sizes = [int(s) for s in args.sizes.split(',')]
+  names = sorted(losses.LOSSES)
+  if args.only:
+    names = [n for n in names if n in args.only.split(',')]
+
+  print(f'backend={jax.default_backend()} devices={jax.device_count()} '
+        f'D={args.dim} Q={args.queue} repeats={args.repeats}')
+  header = f'{"loss":<14} {"N*V":>6} {"floor shape":>14} ' \
+           f'{"loss ms":>9} {"floor ms":>9} {"ratio":>6}'
+  print(header)
+  print('-' * len(header))
+  rng = jax.random.PRNGKey(0)
+  floors = {}
+  for name in names:
+    if name not in BUILDERS:
+      print(f'{name:<14} skipped: no input builder in benchmarks/losses.py')
+      continue
+    for nv in sizes:
+      try:
+        cases = BUILDERS[name](rng, nv, args.dim, args.queue)
+      except Exception as e:  # a loss in flux must not stop the table
+        print(f'{name:<14} {nv:>6} skipped: building inputs failed: {e}')
+        continue
+      for label, fn, x, consts, (rows, cols, same) in cases:
+        # Gradient with respect to the trainable embeddings only.
+        step = jax.jit(jax.value_and_grad(fn, has_aux=True))
+        try:
+          t = _time(step, (x, *consts), args.repeats)
+        except Exception as e:
+          print(f'{label:<14} {nv:>6} skipped: {type(e).__name__}: {e}')
+          continue
+        fkey = (rows, cols, same)
+        if fkey not in floors:
+          floors[fkey] = _time(*_floor_fn(rows, cols, same, args.dim, rng),
+                               args.repeats)
+        tf = floors[fkey]
+        print(f'{label:<14} {nv:>6} {f"{rows}x{cols}":>14} '
+              f'{1e3 * t:>9.2f} {1e3 * tf:>9.2f} {t / tf:>6.2f}', flush=True)
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,63 @@
+"""The default job: SimCLR (NT-Xent) on Fashion-MNIST with a small CNN, on CPU.
+
+Command (from the repository root; builds Fashion-MNIST offline on first use):
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+    python main.py --config=configs/default.py --workdir=workdir/default
+
+Expected (2-core CPU, 8 virtual devices): see README.md, "Results".
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+
+  config.dataset = ml_collections.ConfigDict()
+  config.dataset.name = 'fashion_mnist'
+  config.dataset.data_dir = ml_collections.FieldReference(None, field_type=str)
+  config.dataset.train_split = 'train'
+  config.dataset.eval_split = 'test'
+
+  # Views: `preset` names a recipe in input_pipeline/augment.py PRESETS.
+  config.augment = ml_collections.ConfigDict()
+  config.augment.preset = 'fmnist'
+  config.augment.num_views = 2
+
+  config.model = ml_collections.ConfigDict()
+  config.model.encoder = 'small_cnn'
+  config.model.encoder_kwargs = ml_collections.ConfigDict(
+      {'widths': (32, 64, 128, 256)})
+  config.model.head_hidden_dim = 512
+  config.model.head_out_dim = 128
+  config.model.head_layers = 2
+
+  # A loss from contrastive_jax.losses.LOSSES and its keyword arguments.
+  config.loss = 'ntxent'
+  config.loss_kwargs = ml_collections.ConfigDict({'temperature': 0.2})
+
+  config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.name = 'adamw'
+  # Peak lr = base_learning_rate * batch_size / 256 (linear scaling rule).
+  config.optimizer.base_learning_rate = 1e-3
+  config.optimizer.weight_decay = 1e-4
+  config.optimizer.momentum = 0.9           # sgd and lars only.
+  config.optimizer.warmup_fraction = 0.05   # Of all steps.
+
+  config.batch_size = 512                   # Instances; each gives num_views.
+  config.num_epochs = 4.0
+
+  config.log_every_steps = 20
+  config.checkpoint_every_steps = 100
+
+  config.eval = ml_collections.ConfigDict()
+  config.eval.batch_size = 1024
+  config.eval.knn_ks = (200,)
+  config.eval.knn_temperature = 0.1
+  # ~ scikit-learn LogisticRegression(C=1) on 60k examples (l2 = 1 / N).
+  config.eval.linear_l2 = 1e-5
+  config.eval.linear_max_iter = 300
+  config.eval.baselines = True              # Also score raw pixels, random init.
+  return config

@@ -1,0 +1,21 @@
+"""A tiny config for tests: a few steps of a narrow CNN on small batches.
+
+  python main.py --config=configs/test.py --workdir=/tmp/cjax_test
+"""
+
+from configs import default
+
+
+def get_config():
+  config = default.get_config()
+  config.model.encoder_kwargs.widths = (8, 16)
+  config.model.head_hidden_dim = 32
+  config.model.head_out_dim = 16
+  config.batch_size = 32
+  config.num_epochs = 1.0
+  config.log_every_steps = 2
+  config.checkpoint_every_steps = 2
+  config.eval.batch_size = 64
+  config.eval.knn_ks = (5,)
+  config.eval.linear_max_iter = 50
+  return config

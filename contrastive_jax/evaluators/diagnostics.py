@@ -1,0 +1,218 @@
+"""Representation diagnostics: alignment, uniformity, similarity histograms,
+2-D embedding plots.
+
+Alignment and uniformity follow Wang & Isola (2020), on L2-normalised
+embeddings:
+
+    alignment(alpha) = E_{(x, y) positive} ||f(x) - f(y)||_2^alpha
+    uniformity(t)    = log E_{x, y i.i.d.} exp(-t ||f(x) - f(y)||_2^2)
+
+with the expectation in `uniformity` taken over distinct pairs i < j, as in
+their reference code (`torch.pdist(x).pow(2).mul(-t).exp().mean().log()`).
+Lower is better for both.
+
+Plots use matplotlib's Agg backend (no display needed) and write PNG files.
+
+Still to come, next to these: CACR's conditional entropy H(X^-|X) and MACL's
+semantic sensitivity; add them as pure functions and register them in
+`DIAGNOSTICS`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from contrastive_jax.losses.common import l2_normalize
+
+# Rows of the pairwise block in `uniformity`: bounds memory to [block, N].
+_PAIR_BLOCK = 1024
+
+
+@jax.jit
+def alignment(z_a: jax.Array, z_b: jax.Array, alpha: float = 2.) -> jax.Array:
+  """Mean ||f(x) - f(y)||^alpha over positive pairs (Wang & Isola 2020).
+
+  Args:
+    z_a: [N, D] embeddings of one view (normalised here).
+    z_b: [N, D] embeddings of the other view; row i pairs with z_a[i].
+    alpha: exponent (the paper uses 2).
+
+  Returns:
+    Scalar float32: 0 for identical views, 2^alpha for antipodal ones.
+  """
+  d = l2_normalize(z_a) - l2_normalize(z_b)
+  return jnp.mean(jnp.sum(d * d, axis=-1) ** (alpha / 2))
+
+
+@jax.jit
+def uniformity(z: jax.Array, t: float = 2.) -> jax.Array:
+  """log mean_{i<j} exp(-t ||f_i - f_j||^2) (Wang & Isola 2020).
+
+  Computed as a log-sum-exp over blocks of rows, so memory is [block, N] and
+  the result is exact (not sampled) for any N.
+
+  Args:
+    z: [N, D] embeddings (normalised here), N >= 2.
+    t: the paper's t (2 by default).
+
+  Returns:
+    Scalar float32 in [-4t, 0]: 0 when all embeddings coincide.
+  """
+  z = l2_normalize(z)
+  n = z.shape[0]
+  block = min(_PAIR_BLOCK, n)
+  pad = -n % block
+  rows = jnp.pad(z, ((0, pad), (0, 0))).reshape(-1, block, z.shape[1])
+  starts = jnp.arange(rows.shape[0]) * block
+
+  def block_lse(args):
+    zb, start = args
+    # ||a - b||^2 = 2 - 2 a.b for unit vectors; clip the rounding below 0.
+    sq = jnp.maximum(2. - 2. * (zb @ z.T), 0.)               # [block, N]
+    i = start + jnp.arange(block)[:, None]
+    j = jnp.arange(n)[None, :]
+    logits = jnp.where((i < j) & (i < n), -t * sq, -jnp.inf)
+    return jax.nn.logsumexp(logits)
+
+  lse = jax.nn.logsumexp(jax.lax.map(block_lse, (rows, starts)))
+  return lse - jnp.log(n * (n - 1) / 2.)
+
+
+def similarity_histograms(z_a, z_b, *, labels=None, bins: int = 50,
+                          max_negatives: int = 1_000_000, seed: int = 0,
+                          path: str | None = None,
+                          title: str | None = None) -> dict[str, np.ndarray]:
+  """Cosine similarities of positive and negative pairs (+ optional PNG).
+
+  Positives are (z_a[i], z_b[i]); negatives are (z_a[i], z_b[j]) with i != j
+  and, if `labels` is given, labels[i] != labels[j] (so same-class pairs do
+  not count as negatives). If there are more than `max_negatives` such pairs,
+  a uniform sample of them (fixed `seed`) is returned.
+
+  Args:
+    z_a: [N, D] embeddings of one view.
+    z_b: [N, D] embeddings of the other view.
+    labels: optional [N] int class ids.
+    bins: histogram bins over [-1, 1].
+    max_negatives: cap on returned negative similarities.
+    seed: seed of the negative-pair sample.
+    path: if given, a PNG with both (density-normalised) histograms.
+    title: optional plot title.
+
+  Returns:
+    {'positive': [N], 'negative': [M], 'bin_edges': [bins + 1],
+     'positive_hist', 'negative_hist': [bins] densities}, numpy float64.
+  """
+  a = np.asarray(l2_normalize(jnp.asarray(z_a)), np.float64)
+  b = np.asarray(l2_normalize(jnp.asarray(z_b)), np.float64)
+  n = a.shape[0]
+  if b.shape != a.shape:
+    raise ValueError(f'z_a and z_b must have the same shape; got {a.shape} '
+                     f'and {b.shape}.')
+  positive = np.einsum('nd,nd->n', a, b)
+  labels = None if labels is None else np.asarray(labels)
+  num_pairs = n * (n - 1)
+  if num_pairs <= max_negatives:
+    i, j = np.nonzero(~np.eye(n, dtype=bool))
+  else:
+    rng = np.random.default_rng(seed)
+    i = rng.integers(0, n, max_negatives)
+    j = (i + rng.integers(1, n, max_negatives)) % n    # uniform over j != i
+  if labels is not None:
+    keep = labels[i] != labels[j]
+    i, j = i[keep], j[keep]
+  negative = np.einsum('nd,nd->n', a[i], b[j])
+  edges = np.linspace(-1., 1., bins + 1)
+  pos_hist, _ = np.histogram(np.clip(positive, -1, 1), edges, density=True)
+  neg_hist = (np.histogram(np.clip(negative, -1, 1), edges, density=True)[0]
+              if negative.size else np.zeros(bins))
+  out = {'positive': positive, 'negative': negative, 'bin_edges': edges,
+         'positive_hist': pos_hist, 'negative_hist': neg_hist}
+  if path is not None:
+    fig, ax = _new_figure()
+    ax.hist(np.clip(negative, -1, 1), edges, density=True, alpha=0.6,
+            label=f'negative (n={negative.size})')
+    ax.hist(np.clip(positive, -1, 1), edges, density=True, alpha=0.6,
+            label=f'positive (n={positive.size})')
+    ax.set_xlabel('cosine similarity')
+    ax.set_ylabel('density')
+    ax.legend()
+    if title:
+      ax.set_title(title)
+    _save(fig, path)
+  return out
+
+
+def embedding_plot(feats, labels, path: str, method: str = 'pca', *,
+                   title: str | None = None,
+                   max_points: int = 10_000, seed: int = 0) -> np.ndarray:
+  """2-D projection of features, scattered and coloured by class, as a PNG.
+
+  Args:
+    feats: [N, D] features.
+    labels: [N] int class ids (colours).
+    path: output PNG path.
+    method: 'pca' (exact, via SVD of the centred features). t-SNE/UMAP can be
+      added here; they are slow and stochastic, so not the default.
+    title: optional plot title.
+    max_points: at most this many points are drawn (uniform sample, `seed`);
+      the projection is fitted on all of them.
+    seed: seed of that sample.
+
+  Returns:
+    [N, 2] coordinates (principal components 1 and 2) of every point.
+  """
+  if method != 'pca':
+    raise ValueError(f"method must be 'pca'; got {method!r}.")
+  x = np.asarray(feats, np.float64)
+  labels = np.asarray(labels)
+  x = x - x.mean(axis=0)
+  # Top-2 right singular vectors = principal axes; sign fixed so the largest
+  # |loading| is positive (makes the plot deterministic across LAPACKs).
+  _, _, vt = np.linalg.svd(x, full_matrices=False)
+  axes = vt[:2]
+  signs = np.sign(axes[np.arange(len(axes)), np.argmax(np.abs(axes), axis=1)])
+  coords = x @ (axes * signs[:, None]).T
+  if coords.shape[1] < 2:  # D == 1
+    coords = np.pad(coords, ((0, 0), (0, 2 - coords.shape[1])))
+  shown = np.arange(len(x))
+  if len(x) > max_points:
+    shown = np.sort(np.random.default_rng(seed).choice(len(x), max_points,
+                                                       replace=False))
+  fig, ax = _new_figure()
+  sc = ax.scatter(coords[shown, 0], coords[shown, 1], c=labels[shown], s=4,
+                  cmap='tab10' if labels.max() < 10 else 'tab20')
+  ax.legend(*sc.legend_elements(), title='class', fontsize='small',
+            loc='best', markerscale=0.8)
+  ax.set_xlabel('PC 1')
+  ax.set_ylabel('PC 2')
+  if title:
+    ax.set_title(title)
+  _save(fig, path)
+  return coords
+
+
+def _new_figure():
+  # Agg without touching the global backend (a notebook user may have another).
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+  fig = Figure(figsize=(6, 4.5), dpi=100)
+  FigureCanvasAgg(fig)
+  return fig, fig.add_subplot()
+
+
+def _save(fig, path: str) -> None:
+  fig.tight_layout()
+  fig.savefig(path, format='png')
+
+
+# name -> fn(embeddings...) -> scalar. CACR conditional entropy and MACL
+# semantic sensitivity will be registered here.
+DIAGNOSTICS: dict[str, Callable] = {
+    'alignment': alignment,
+    'uniformity': uniformity,
+}

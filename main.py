@@ -1,0 +1,50 @@
+"""Pretrains and evaluates a contrastive model: the job's only entry point.
+
+  python main.py --config=configs/default.py --workdir=workdir/default \
+      [--config.loss_kwargs.temperature=0.1 ...]
+
+This file is intentionally short: everything happens in
+`contrastive_jax.train.train_and_evaluate`.
+"""
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('workdir', None, 'Directory for checkpoints, TensorBoard '
+                    'events, plots and results.json.')
+config_flags.DEFINE_config_file(
+    'config', None, 'Experiment config file (configs/*.py).', lock_config=True)
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  # Imported here so that --help and flag errors return before jax and
+  # TensorFlow load.
+  import jax  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+
+  # TensorFlow only reads data; keep it off any accelerator JAX uses.
+  tf.config.set_visible_devices([], 'GPU')
+  if _multihost():
+    jax.distributed.initialize()
+  logging.info('JAX process %d/%d, %d local / %d global devices (%s).',
+               jax.process_index(), jax.process_count(),
+               jax.local_device_count(), jax.device_count(),
+               jax.devices()[0].platform)
+  train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+
+
+def _multihost() -> bool:
+  import os  # pylint: disable=g-import-not-at-top
+  # Set by the cluster launcher (or by hand) for multi-process runs.
+  return 'JAX_COORDINATOR_ADDRESS' in os.environ
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,98 @@
+"""Alignment/uniformity against closed forms; plots write real PNGs."""
+
+import numpy as np
+import pytest
+
+from contrastive_jax.evaluators import diagnostics
+
+PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+
+
+def circle(n, dim=2, scale=1.0):
+  theta = 2 * np.pi * np.arange(n) / n
+  z = np.zeros((n, dim), np.float32)
+  z[:, 0], z[:, 1] = np.cos(theta), np.sin(theta)
+  return scale * z
+
+
+def test_alignment_closed_forms():
+  rng = np.random.default_rng(0)
+  z = rng.normal(size=(50, 16)).astype(np.float32)
+  assert float(diagnostics.alignment(z, 3.0 * z)) == pytest.approx(0, abs=1e-6)
+  for alpha in (1.0, 2.0, 3.0):
+    # Antipodal unit vectors are 2 apart: 2^alpha = 4^(alpha / 2).
+    got = float(diagnostics.alignment(z, -z, alpha))
+    assert got == pytest.approx(4 ** (alpha / 2), rel=1e-5)
+  # Generic pairs: |a - b|^2 = 2 - 2 cos(a, b) for unit vectors.
+  w = rng.normal(size=(50, 16))
+  cos = np.sum(z * w, 1) / np.linalg.norm(z, axis=1) / np.linalg.norm(w, axis=1)
+  assert float(diagnostics.alignment(z, w)) == pytest.approx(
+      np.mean(2 - 2 * cos), rel=1e-5)
+
+
+def test_uniformity_identical_and_antipodal():
+  z = np.tile(np.array([[0.6, 0.8, 0.0]], np.float32), (40, 1))
+  assert float(diagnostics.uniformity(z)) == pytest.approx(0, abs=1e-6)
+  pair = np.array([[1.0, 0.0], [-1.0, 0.0]], np.float32)
+  for t in (1.0, 2.0):
+    # One pair at squared distance 4: log exp(-4t).
+    assert float(diagnostics.uniformity(pair, t)) == pytest.approx(-4 * t,
+                                                                   rel=1e-6)
+
+
+@pytest.mark.parametrize('n', [33, 64, 2500])   # 2500 spans 3 row blocks
+@pytest.mark.parametrize('t', [1.0, 2.0])
+def test_uniformity_points_on_a_circle(n, t):
+  # |z_i - z_j|^2 = 2 - 2 cos(2 pi m / n), m = j - i. The mean over the n
+  # offsets m = 0..n-1 of exp(-2t (1 - cos(2 pi m / n))) is e^{-2t} I0(2t)
+  # (trapezoid rule on a periodic analytic integrand: exact up to terms
+  # I_n(2t) ~ (t^n / n!), negligible for n >= 33). Dropping m = 0 (value 1)
+  # leaves the mean over distinct pairs.
+  bessel = (n * np.exp(-2 * t) * np.i0(2 * t) - 1) / (n - 1)
+  finite_sum = np.mean([np.exp(-2 * t * (1 - np.cos(2 * np.pi * m / n)))
+                        for m in range(1, n)])
+  assert bessel == pytest.approx(finite_sum, rel=1e-12)
+  got = float(diagnostics.uniformity(circle(n, dim=5, scale=2.5), t))
+  assert got == pytest.approx(np.log(bessel), abs=2e-5)
+
+
+def test_similarity_histograms(tmp_path):
+  n = 6
+  z = np.eye(n, 8, dtype=np.float32) * 2.0      # orthogonal: negatives are 0
+  labels = np.array([0, 0, 1, 1, 2, 2])
+  path = tmp_path / 'sims.png'
+  out = diagnostics.similarity_histograms(z, z, labels=labels, bins=10,
+                                          path=str(path))
+  np.testing.assert_allclose(out['positive'], np.ones(n), atol=1e-6)
+  assert out['negative'].shape == (n * (n - 1) - n,)  # minus same-class pairs
+  np.testing.assert_allclose(out['negative'], 0, atol=1e-6)
+  # Densities integrate to 1 over [-1, 1].
+  width = np.diff(out['bin_edges'])
+  assert np.sum(out['positive_hist'] * width) == pytest.approx(1.0)
+  assert np.sum(out['negative_hist'] * width) == pytest.approx(1.0)
+  assert path.read_bytes()[:8] == PNG_MAGIC
+
+  # Sampled negatives never include a positive (i == j) pair.
+  sampled = diagnostics.similarity_histograms(z, z, max_negatives=7)
+  assert sampled['negative'].shape == (7,)
+  np.testing.assert_allclose(sampled['negative'], 0, atol=1e-6)
+
+
+def test_embedding_plot_pca_preserves_planar_geometry(tmp_path):
+  rng = np.random.default_rng(0)
+  plane = rng.normal(size=(300, 2)) * np.array([5.0, 1.0])
+  rotation, _ = np.linalg.qr(rng.normal(size=(12, 12)))
+  feats = plane @ rotation[:2] + rng.normal(size=12)   # rotated + shifted
+  labels = (plane[:, 0] > 0).astype(int) + 2 * (plane[:, 1] > 0)
+  path = tmp_path / 'pca.png'
+  coords = diagnostics.embedding_plot(feats, labels, str(path))
+  assert coords.shape == (300, 2)
+  # Data on a 2-D plane: PCA is a rigid motion of it.
+  def pdist(x):
+    return np.linalg.norm(x[:, None] - x[None], axis=-1)
+  np.testing.assert_allclose(pdist(coords), pdist(plane), atol=1e-8)
+  # The first component carries the larger spread.
+  assert coords[:, 0].var() > coords[:, 1].var()
+  assert path.read_bytes()[:8] == PNG_MAGIC
+  with pytest.raises(ValueError, match='pca'):
+    diagnostics.embedding_plot(feats, labels, str(path), method='tsne')

@@ -1,0 +1,138 @@
+"""The whole `main` path on synthetic data: train, checkpoint, resume, evaluate."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from configs import test as test_config
+from contrastive_jax import train
+from input_pipeline import pipeline
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _synthetic(n, seed):
+  """Four classes of 12x12 images whose brightness and stripe tell the class."""
+  rng = np.random.default_rng(seed)
+  labels = rng.integers(0, 4, n).astype(np.int32)
+  images = rng.random((n, 12, 12, 1)) * 0.3
+  images[:, :, ::2] += (labels % 2)[:, None, None, None] * 0.5
+  images += (labels // 2)[:, None, None, None] * 0.2
+  return pipeline.ArrayDataset((np.clip(images, 0, 1) * 255).astype(np.uint8),
+                               labels)
+
+
+DATA = (_synthetic(256, 0), _synthetic(64, 1))
+
+
+def _config():
+  config = test_config.get_config()   # 256 / 32 = 8 steps.
+  return config
+
+
+def _final_params(workdir):
+  with ocp.CheckpointManager(os.path.join(workdir, 'checkpoints')) as m:
+    restored = m.restore(m.latest_step())
+  return m.latest_step(), restored
+
+
+@pytest.fixture(scope='module')
+def full_run(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('full'))
+  results = train.train_and_evaluate(_config(), workdir, data=DATA)
+  return workdir, results
+
+
+def test_run_writes_results_plot_events_and_checkpoints(full_run):
+  workdir, results = full_run
+  with open(os.path.join(workdir, 'results.json')) as f:
+    on_disk = json.load(f)
+  assert on_disk == json.loads(json.dumps(results))
+  for name in ('raw_pixels', 'random_init', 'trained'):
+    for metric in ('knn_weighted_top1@5', 'linear_top1'):
+      assert 0. <= results[f'{name}/{metric}'] <= 1.
+  assert results['steps'] == 8
+  assert np.isfinite(results['final_loss'])
+  assert os.path.getsize(os.path.join(workdir, 'summary.png')) > 1000
+  assert any(f.startswith('events.out.tfevents') for f in os.listdir(workdir))
+  with open(os.path.join(workdir, 'history.json')) as f:
+    assert [h['step'] for h in json.load(f)] == [2, 4, 6, 8]
+
+
+def test_training_learns_the_synthetic_classes(full_run):
+  # Classes differ in brightness and stripes: a trained encoder separates them
+  # far above the 25% chance level.
+  _, results = full_run
+  assert results['trained/knn_weighted_top1@5'] > 0.6
+
+
+def test_killed_run_resumes_to_the_same_final_state(full_run, tmp_path):
+  workdir, _ = full_run
+  # A copy of the run as if it had been killed right after the step-4
+  # checkpoint: later checkpoints never got written.
+  killed = str(tmp_path / 'killed')
+  shutil.copytree(workdir, killed)
+  for step in os.listdir(os.path.join(killed, 'checkpoints')):
+    if step.isdigit() and int(step) > 4:
+      shutil.rmtree(os.path.join(killed, 'checkpoints', step))
+  os.remove(os.path.join(killed, 'results.json'))
+  results = train.train_and_evaluate(_config(), killed, data=DATA)
+  assert results['resumed_from_step'] == 4
+  step_a, a = _final_params(workdir)
+  step_b, b = _final_params(killed)
+  assert step_a == step_b == 8
+  jax.tree.map(np.testing.assert_array_equal, a, b)   # Bit-identical.
+
+
+def test_workdir_of_another_config_is_refused_untouched(full_run):
+  workdir, _ = full_run
+  before = sorted(os.listdir(os.path.join(workdir, 'checkpoints')))
+  config = _config()
+  config.loss_kwargs.temperature = 0.5
+  with pytest.raises(ValueError, match=r'different config \(loss_kwargs.temperature: 0.2 -> 0.5\)'):
+    train.train_and_evaluate(config, workdir, data=DATA)
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == before
+
+
+def test_nan_loss_stops_with_the_step_and_metric(tmp_path):
+  config = _config()
+  config.optimizer.base_learning_rate = 1e30   # Diverges at once.
+  with pytest.raises(FloatingPointError, match=r'at step \d+'):
+    train.train_and_evaluate(config, str(tmp_path), data=DATA)
+
+
+def test_bad_config_values_fail_before_training(tmp_path):
+  config = _config()
+  config.loss = 'no_such_loss'
+  with pytest.raises(ValueError, match='unknown loss'):
+    train.train_and_evaluate(config, str(tmp_path / 'a'), data=DATA)
+  config = _config()
+  config.batch_size = 30          # Not divisible by 8 devices.
+  with pytest.raises(ValueError, match='divisible'):
+    train.train_and_evaluate(config, str(tmp_path / 'b'), data=DATA)
+  assert not os.path.exists(tmp_path / 'a' / 'checkpoints')
+
+
+def _main(*args):
+  return subprocess.run(
+      [sys.executable, 'main.py', '--config=configs/test.py', *args],
+      cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_main_rejects_a_misspelt_config_field(tmp_path):
+  out = _main(f'--workdir={tmp_path}', '--config.optimzer.name=sgd')
+  assert out.returncode != 0
+  assert 'optimzer' in out.stderr
+  assert not os.listdir(tmp_path)
+
+
+def test_main_requires_workdir():
+  out = _main()
+  assert out.returncode != 0 and 'workdir' in out.stderr
