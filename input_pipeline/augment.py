@@ -11,12 +11,17 @@ Grayscale images (C = 1) are supported: saturation, hue and random grayscale are
 identities on one channel (there is no colour to change), brightness and
 contrast act on the single channel.
 
-A view's recipe is a `ViewConfig`; `PRESETS` holds the papers' recipes.
+A view's recipe is a `ViewConfig`; `PRESETS` holds the papers' recipes, and
+`build_views` turns a preset name plus per-view overrides (from the config) into
+the V recipes. Views may differ in output size (multi-crop: global and smaller
+local crops); `augment_views` returns one array per view, `augment_batch` the
+stacked `[B, V, H, W, C]` when all views share a size.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 
@@ -43,6 +48,10 @@ class ViewConfig:
       the image side, as SimCLR).
     solarize_p: probability of solarisation (BYOL).
     erase_p: probability of random erasing of one rectangle (Zhong et al.).
+    size: output size of the view. None keeps the input size; an int n gives
+      n x n; a (height, width) tuple of ints gives that size; a float f in
+      (0, 1] gives round(f * input side) per side, so one preset serves 28x28
+      and 224x224 inputs alike (multi-crop's local crops: 96/224 = 3/7).
   """
   crop_scale: tuple[float, float] | None = (0.08, 1.0)
   crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
@@ -54,17 +63,65 @@ class ViewConfig:
   blur_p: float = 0.0
   solarize_p: float = 0.0
   erase_p: float = 0.0
+  size: int | float | tuple[int, int] | None = None
+
+
+# V is bounded because every view is a full forward pass per step; 10 covers
+# the papers (CACR/CMC K+1 = 5, TCL 3, multi-crop 2 + 8 local).
+MIN_VIEWS, MAX_VIEWS = 2, 10
+
+
+def resolve_size(size, input_hw: Sequence[int]) -> tuple[int, int]:
+  """The (height, width) of a view of `size` (see `ViewConfig.size`).
+
+  Args:
+    size: None, an int, a float in (0, 1], or a (height, width) int pair.
+    input_hw: (height, width) of the input image.
+
+  Returns:
+    (height, width) as Python ints.
+  """
+  h, w = int(input_hw[0]), int(input_hw[1])
+  if size is None:
+    return h, w
+  if isinstance(size, bool):
+    raise ValueError(f'view size must be an int, float or pair; got {size!r}.')
+  if isinstance(size, int):
+    out = (size, size)
+  elif isinstance(size, float):
+    if not 0. < size <= 1.:
+      raise ValueError(f'a fractional view size must be in (0, 1]; got {size}.')
+    out = (max(1, round(size * h)), max(1, round(size * w)))
+  else:
+    out = tuple(int(x) for x in size)
+    if len(out) != 2:
+      raise ValueError(f'view size must be (height, width); got {size!r}.')
+  if min(out) < 1:
+    raise ValueError(f'view size must be positive; got {size!r}.')
+  return out
 
 
 def random_resized_crop(rng, image, *, scale=(0.08, 1.0),
-                        ratio=(3 / 4, 4 / 3)):
+                        ratio=(3 / 4, 4 / 3), size=None):
   """Crops a random box of area fraction ~U(scale), log-ratio ~U(log ratio).
 
-  The box is resized back to the input size with bilinear interpolation. Out of
-  range boxes are clipped to the image (torchvision falls back to a centre crop
-  after 10 tries; clipping keeps this branch-free under jit).
+  The box is resized to `size` (default: the input size) with bilinear
+  interpolation. Out of range boxes are clipped to the image (torchvision falls
+  back to a centre crop after 10 tries; clipping keeps this branch-free under
+  jit).
+
+  Args:
+    rng: PRNG key.
+    image: [H, W, C] float.
+    scale: (min, max) area fraction of the box.
+    ratio: (min, max) aspect ratio (width / height) of the box.
+    size: output (height, width); None keeps [H, W].
+
+  Returns:
+    [size[0], size[1], C], same dtype as `image`.
   """
-  h, w, _ = image.shape
+  h, w, c = image.shape
+  oh, ow = (h, w) if size is None else size
   k_area, k_ratio, k_y, k_x = jax.random.split(rng, 4)
   area = jax.random.uniform(k_area, (), minval=scale[0], maxval=scale[1])
   log_r = jax.random.uniform(k_ratio, (), minval=math.log(ratio[0]),
@@ -74,9 +131,11 @@ def random_resized_crop(rng, image, *, scale=(0.08, 1.0),
   cw = jnp.clip(jnp.sqrt(area * r) * w, 1.0, w)
   y0 = jax.random.uniform(k_y, ()) * (h - ch)
   x0 = jax.random.uniform(k_x, ()) * (w - cw)
-  sy, sx = h / ch, w / cw
+  # scale_and_translate maps input coordinate u to u * scale + translation,
+  # so the box [y0, y0 + ch] lands on the output's [0, oh].
+  sy, sx = oh / ch, ow / cw
   return jax.image.scale_and_translate(
-      image, image.shape, spatial_dims=(0, 1), scale=jnp.stack([sy, sx]),
+      image, (oh, ow, c), spatial_dims=(0, 1), scale=jnp.stack([sy, sx]),
       translation=jnp.stack([-y0 * sy, -x0 * sx]), method='linear',
       antialias=False)
 
@@ -190,11 +249,14 @@ def random_erase(rng, image, *, p, scale=(0.02, 0.2)):
 def augment_image(rng, image, cfg: ViewConfig):
   """Applies one view's recipe to one image [H, W, C] in [0, 1]."""
   keys = jax.random.split(rng, 8)
+  out_hw = resolve_size(cfg.size, image.shape[:2])
   if cfg.pad_crop:
     image = pad_and_crop(keys[0], image, pad=cfg.pad_crop)
   if cfg.crop_scale is not None:
     image = random_resized_crop(keys[1], image, scale=cfg.crop_scale,
-                                ratio=cfg.crop_ratio)
+                                ratio=cfg.crop_ratio, size=out_hw)
+  elif out_hw != image.shape[:2]:
+    image = jax.image.resize(image, out_hw + image.shape[2:], 'linear')
   if cfg.flip_p:
     image = flip_left_right(keys[2], image, p=cfg.flip_p)
   if cfg.jitter_strength:
@@ -212,32 +274,73 @@ def augment_image(rng, image, cfg: ViewConfig):
   return image
 
 
-def augment_batch(rng, images, views: Sequence[ViewConfig]):
-  """Makes len(views) augmented views of every image.
+def augment_views(rng, images, views: Sequence[ViewConfig]
+                  ) -> tuple[jax.Array, ...]:
+  """Makes len(views) augmented views of every image, one array per view.
+
+  Use this when views differ in size (multi-crop); `augment_batch` stacks the
+  same arrays when they agree. View v uses `fold_in(rng, v)`, so a view's
+  pixels do not depend on which other views are requested after it.
 
   Args:
-    rng: PRNG key; fold in the step and the example index upstream so that the
-      views do not depend on how the batch is sharded.
-    images: [B, H, W, C] uint8 or float in [0, 1].
+    rng: PRNG key; fold in the step upstream (the train loop does).
+    images: [B, H, W, C] uint8, or float in [0, 1].
     views: one recipe per view.
 
   Returns:
-    [B, V, H, W, C] float32 in [0, 1].
+    A tuple of V arrays, view v of shape [B, h_v, w_v, C] float32 in [0, 1],
+    with (h_v, w_v) = `resolve_size(views[v].size, (H, W))`.
   """
   if images.dtype == jnp.uint8:
     images = images.astype(jnp.float32) / 255.
-  out = []
+  batch = images.shape[0]
+  out = [None] * len(views)
+  # Views with the same recipe share one computation, vmapped over the views:
+  # a smaller graph (SimCLR's V identical views compile once, not V times).
+  groups: dict[ViewConfig, list[int]] = {}
   for v, cfg in enumerate(views):
-    keys = jax.random.split(jax.random.fold_in(rng, v), images.shape[0])
-    out.append(jax.vmap(lambda k, x, c=cfg: augment_image(k, x, c))(keys,
-                                                                    images))
-  return jnp.stack(out, axis=1)
+    groups.setdefault(cfg, []).append(v)
+  per_image = lambda k, x, c: augment_image(k, x, c)
+  for cfg, members in groups.items():
+    keys = jnp.stack([jax.random.split(jax.random.fold_in(rng, v), batch)
+                      for v in members])                      # [V_cfg, B]
+    fn = jax.vmap(jax.vmap(functools.partial(per_image, c=cfg)),
+                  in_axes=(0, None))
+    group_out = fn(keys, images)                  # [V_cfg, B, h, w, C]
+    for i, v in enumerate(members):
+      out[v] = group_out[i]
+  return tuple(out)
+
+
+def augment_batch(rng, images, views: Sequence[ViewConfig]):
+  """Makes len(views) augmented views of every image, stacked.
+
+  Args:
+    rng: PRNG key; fold in the step upstream so that a resumed run draws the
+      same views.
+    images: [B, H, W, C] uint8 or float in [0, 1].
+    views: one recipe per view; all must give the same output size.
+
+  Returns:
+    [B, V, h, w, C] float32 in [0, 1]; (h, w) is the views' common size.
+
+  Raises:
+    ValueError: the views differ in size (use `augment_views`).
+  """
+  sizes = {resolve_size(cfg.size, images.shape[1:3]) for cfg in views}
+  if len(sizes) > 1:
+    raise ValueError(f'views differ in size {sorted(sizes)}; they cannot be '
+                     'stacked. Use augment_views for multi-crop.')
+  return jnp.stack(augment_views(rng, images, views), axis=1)
 
 
 # The papers' recipes, each a list of per-view configs (two views unless a
 # paper says otherwise; `pipeline` repeats or truncates to the configured V).
 _SIMCLR = ViewConfig(crop_scale=(0.08, 1.), flip_p=0.5, jitter_strength=1.0,
                      jitter_p=0.8, grayscale_p=0.2, blur_p=0.5)
+_MC_GLOBAL = ViewConfig(crop_scale=(0.4, 1.), flip_p=0.5, jitter_strength=0.5,
+                        jitter_p=0.8, grayscale_p=0.2)
+_MC_LOCAL = dataclasses.replace(_MC_GLOBAL, crop_scale=(0.1, 0.4), size=3 / 7)
 PRESETS: dict[str, tuple[ViewConfig, ...]] = {
     # SimCLR (Chen et al. 2020, appendix A); blur is used for ImageNet-size
     # images only, so `simclr_small` drops it for 32x32 and smaller.
@@ -259,6 +362,22 @@ PRESETS: dict[str, tuple[ViewConfig, ...]] = {
     # was chosen): moderate crops, flips, brightness/contrast, erasing.
     'fmnist': (ViewConfig(crop_scale=(0.3, 1.), flip_p=0.5,
                           jitter_strength=0.5, jitter_p=0.8, erase_p=0.25),) * 2,
+    # Multi-crop (SwAV, Caron et al. 2020; DINO, Caron et al. 2021): 2 global
+    # crops then up to 8 local crops, so `num_views` = 2 + number of locals.
+    # DINO at 224 px: global scale (0.4, 1), local (0.05, 0.4) at 96 px. On
+    # 28-32 px images a 5% crop is ~6x6 pixels, so locals start at 0.1 here;
+    # the local side keeps DINO's 96/224 = 3/7 (12 px at 28, 14 px at 32).
+    # Ops follow DINO minus blur (dropped for small images as simclr_small);
+    # the second global crop keeps BYOL/DINO's solarize p = 0.2.
+    'multicrop': (_MC_GLOBAL, dataclasses.replace(_MC_GLOBAL, solarize_p=0.2))
+                 + (_MC_LOCAL,) * 8,
+    # The same at ImageNet size, with DINO's blur: 1.0 / 0.1 on the global
+    # crops, 0.5 on the locals, and DINO's local scale (0.05, 0.4).
+    'multicrop_large': (
+        dataclasses.replace(_MC_GLOBAL, blur_p=1.0),
+        dataclasses.replace(_MC_GLOBAL, blur_p=0.1, solarize_p=0.2))
+                       + (dataclasses.replace(_MC_LOCAL, crop_scale=(0.05, .4),
+                                              blur_p=0.5),) * 8,
 }
 
 
@@ -269,3 +388,77 @@ def get_views(preset: str, num_views: int) -> tuple[ViewConfig, ...]:
                      f'{", ".join(sorted(PRESETS))}.')
   base = PRESETS[preset]
   return tuple(base[i % len(base)] for i in range(num_views))
+
+
+_PROBABILITY_FIELDS = ('flip_p', 'jitter_p', 'grayscale_p', 'blur_p',
+                       'solarize_p', 'erase_p')
+
+
+def build_views(preset: str, num_views: int, overrides=()
+                ) -> tuple[ViewConfig, ...]:
+  """The view recipes of a config: a preset plus optional per-view overrides.
+
+  For example `build_views('simclr', 2, ({'blur_p': 1.0},
+  {'blur_p': 0.1, 'solarize_p': 0.2}))` is BYOL's asymmetric pair.
+
+  Args:
+    preset: a key of `PRESETS`; its views are cycled to `num_views`.
+    num_views: V, in [MIN_VIEWS, MAX_VIEWS].
+    overrides: a sequence of mappings (dicts or ConfigDicts) of `ViewConfig`
+      fields. Empty: the preset as is. One mapping: applied to every view.
+      V mappings: mapping v applied to view v. Lists become tuples, so
+      `crop_scale=[0.2, 1.0]` from a config works.
+
+  Returns:
+    V `ViewConfig`s.
+
+  Raises:
+    ValueError: V out of range, an unknown preset or field, a wrong number of
+      overrides, or an out-of-range value.
+  """
+  if not MIN_VIEWS <= num_views <= MAX_VIEWS:
+    raise ValueError(f'num_views={num_views} is out of range: the pipeline '
+                     f'makes {MIN_VIEWS} to {MAX_VIEWS} views per image '
+                     '(config.augment.num_views).')
+  views = list(get_views(preset, num_views))
+  overrides = list(overrides or ())
+  if overrides:
+    if len(overrides) == 1:
+      overrides = overrides * num_views
+    if len(overrides) != num_views:
+      raise ValueError(f'got {len(overrides)} view overrides for {num_views} '
+                       'views; give one (applied to every view) or one per '
+                       'view (config.augment.overrides).')
+    fields = {f.name for f in dataclasses.fields(ViewConfig)}
+    for v, override in enumerate(overrides):
+      override = dict(override)
+      unknown = sorted(set(override) - fields)
+      if unknown:
+        raise ValueError(f'unknown ViewConfig field(s) {unknown} in the '
+                         f'override of view {v}; known: {sorted(fields)}.')
+      override = {k: tuple(x) if isinstance(x, list) else x
+                  for k, x in override.items()}
+      views[v] = dataclasses.replace(views[v], **override)
+  for v, cfg in enumerate(views):
+    _validate(cfg, v)
+  return tuple(views)
+
+
+def _validate(cfg: ViewConfig, v: int) -> None:
+  for name in _PROBABILITY_FIELDS:
+    p = getattr(cfg, name)
+    if not 0. <= p <= 1.:
+      raise ValueError(f'view {v}: {name}={p} is not a probability.')
+  if cfg.crop_scale is not None:
+    lo, hi = cfg.crop_scale
+    if not 0. < lo <= hi <= 1.:
+      raise ValueError(f'view {v}: crop_scale={cfg.crop_scale} must satisfy '
+                       '0 < min <= max <= 1.')
+  lo, hi = cfg.crop_ratio
+  if not 0. < lo <= hi:
+    raise ValueError(f'view {v}: crop_ratio={cfg.crop_ratio} must satisfy '
+                     '0 < min <= max.')
+  if cfg.pad_crop < 0 or cfg.jitter_strength < 0:
+    raise ValueError(f'view {v}: pad_crop and jitter_strength must be >= 0.')
+  if cfg.size is not None:
+    resolve_size(cfg.size, (1, 1))   # Type and range checks only.

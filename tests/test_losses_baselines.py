@@ -75,6 +75,23 @@ def test_hard_negative_floor_branch_matches_reference():
   np.testing.assert_allclose(loss, ref.hard_negative(z, 0.5, 1., 0.6), **TOL)
 
 
+def test_hard_negative_floor_applies_while_estimate_still_positive():
+  # Negatives orthogonal (e^{l_n} = 1, so sum_n w_n e^{l_n} = K) and positive
+  # cosine 0.774 (e^{l_p} = 4.70 at tau = 0.5): with tau_plus = 0.2 the
+  # debiased estimate K (1 - 0.2 * 4.70) / 0.8 = 0.075 K is positive but
+  # below the floor K e^{-2} = 0.135 K, so the floor must be used.
+  basis = np.eye(8, dtype=np.float32)
+  c = 0.774
+  z = np.stack([basis[:4], c * basis[:4] + np.sqrt(1 - c * c) * basis[4:]],
+               axis=1)
+  loss, m = J(baselines.hard_negative, z, temperature=0.5, tau_plus=0.2)
+  np.testing.assert_allclose(m['clamp_frac'], 1.)
+  want = ref.hard_negative(z, 0.5, 1., 0.2)
+  np.testing.assert_allclose(want, np.log1p(6 * np.exp(-2) / np.exp(2 * c)),
+                             rtol=1e-6)
+  np.testing.assert_allclose(loss, want, **TOL)
+
+
 def test_hard_negative_beta0_tauplus0_v2_equals_ntxent():
   z = rand(6, 2, 8, seed=15)
   loss, m = J(baselines.hard_negative, z, temperature=0.3, beta=0.,

@@ -71,7 +71,8 @@ def test_ntxent_rejects_bad_shapes():
 # ---------------------------------------------------------------- infonce ---
 
 def test_infonce_moco_v2_queue_only():
-  q, k, queue = rand(6, 1, 8, seed=4), rand(6, 1, 8, seed=5), rand(10, 8, seed=6)
+  q, k = rand(6, 1, 8, seed=4), rand(6, 1, 8, seed=5)
+  queue = rand(10, 8, seed=6)
   loss, m = J(instance.infonce, q, k, queue=queue, temperature=0.2,
                              in_batch_negatives=False)
   np.testing.assert_allclose(
@@ -150,7 +151,8 @@ def test_infonce_rejects_bad_inputs():
 
 @pytest.mark.parametrize('lam', [0., 50.])
 def test_insdis_matches_reference_with_batch_z(lam):
-  q, k, queue = rand(6, 1, 8, seed=21), rand(6, 1, 8, seed=22), rand(7, 8, seed=23)
+  q, k = rand(6, 1, 8, seed=21), rand(6, 1, 8, seed=22)
+  queue = rand(7, 8, seed=23)
   loss, m = J(instance.insdis, q, k, queue=queue, num_data=1000,
                             temperature=0.07, proximal_weight=lam)
   want, z_est = ref.insdis(q, k, queue, 0.07, 1000, lam)
@@ -159,16 +161,25 @@ def test_insdis_matches_reference_with_batch_z(lam):
 
 
 def test_insdis_fixed_z_matches_reference():
-  q, k, queue = rand(5, 1, 8, seed=24), rand(5, 1, 8, seed=25), rand(9, 8, seed=26)
+  q, k = rand(5, 1, 8, seed=24), rand(5, 1, 8, seed=25)
+  queue = rand(9, 8, seed=26)
   loss, m = J(instance.insdis, q, k, queue=queue, num_data=500, temperature=0.1,
                             nce_z=1234.5, proximal_weight=3.)
   want, _ = ref.insdis(q, k, queue, 0.1, 500, 3., nce_z=1234.5)
   np.testing.assert_allclose(loss, want, **TOL)
   np.testing.assert_allclose(m['nce_z'], 1234.5, rtol=1e-6)
+  # Permuting instances (query and bank rows together) or the noise rows
+  # leaves the mean unchanged.
+  perm = np.random.RandomState(3).permutation(5)
+  permuted, _ = J(instance.insdis, q[perm], k[perm], queue=queue[::-1],
+                  num_data=500, temperature=0.1, nce_z=1234.5,
+                  proximal_weight=3.)
+  np.testing.assert_allclose(permuted, loss, **TOL)
 
 
 def test_insdis_gradients():
-  q, k, queue = rand(5, 1, 6, seed=27), rand(5, 1, 6, seed=28), rand(4, 6, seed=29)
+  q, k = rand(5, 1, 6, seed=27), rand(5, 1, 6, seed=28)
+  queue = rand(4, 6, seed=29)
   gq, gk, gqueue = ref.grads_with_fd_check(
       lambda a, b, c: instance.insdis(a, b, queue=c, num_data=100,
                                       temperature=0.5, nce_z=80.),
@@ -180,7 +191,8 @@ def test_insdis_gradients():
 def test_insdis_proximal_term_pulls_query_to_bank_row():
   # With the NCE part removed from the comparison (same inputs), the loss
   # difference is exactly lambda * mean ||f - v||^2.
-  q, k, queue = rand(4, 1, 8, seed=30), rand(4, 1, 8, seed=31), rand(5, 8, seed=32)
+  q, k = rand(4, 1, 8, seed=30), rand(4, 1, 8, seed=31)
+  queue = rand(5, 8, seed=32)
   l0, _ = J(instance.insdis, q, k, queue=queue, num_data=50, proximal_weight=0.)
   l1, m = J(instance.insdis, q, k, queue=queue, num_data=50, proximal_weight=2.)
   f, v = ref.unit(q)[:, 0], ref.unit(k)[:, 0]
@@ -227,11 +239,14 @@ def test_cmc_view_symmetries():
   z = rand(6, 4, 8, seed=52)
   full, _ = J(instance.cmc, z, graph='full')
   core, _ = J(instance.cmc, z, graph='core')
-  np.testing.assert_allclose(J(instance.cmc, z[:, [2, 0, 3, 1]], graph='full')[0],
-                             full, **TOL)
+  np.testing.assert_allclose(
+      J(instance.cmc, z[:, [2, 0, 3, 1]], graph='full')[0], full, **TOL)
   # 'core' is symmetric in the non-core views only.
-  np.testing.assert_allclose(J(instance.cmc, z[:, [0, 3, 1, 2]], graph='core')[0],
-                             core, **TOL)
+  np.testing.assert_allclose(
+      J(instance.cmc, z[:, [0, 3, 1, 2]], graph='core')[0], core, **TOL)
+  perm = np.random.RandomState(2).permutation(6)
+  np.testing.assert_allclose(J(instance.cmc, z[perm], graph='full')[0], full,
+                             **TOL)
 
 
 def test_cmc_gradients_and_no_gradient_into_queue():

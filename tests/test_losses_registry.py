@@ -5,8 +5,8 @@ CASES maps a case name to (registry name, builder). A builder maps
 [N, V, D] with V = 3, labels [N] int, queue [Q, D] and temperature a traced
 float32 scalar (builders of losses without a temperature ignore it). A case
 runs when its registry name is in `losses.LOSSES`, so covering a new loss is
-one more CASES entry. Each case is compiled once per input dtype and the
-compiled function is shared by all tests below.
+one more CASES entry. Each case is compiled once per input dtype (with the
+test-only FAST_COMPILE backend option) and shared by all tests below.
 """
 
 import inspect
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from contrastive_jax import losses
+import numpy_reference as ref
 
 
 def _tau(t):
@@ -71,7 +72,7 @@ def _call(case, z, labels, queue, temperature):
       args, kwargs = build(z, labels, queue, temperature)
       return fn(*args, **kwargs)
 
-    _COMPILED[case] = jax.jit(jax.value_and_grad(loss_of, has_aux=True))
+    _COMPILED[case] = ref.fast_jit(jax.value_and_grad(loss_of, has_aux=True))
   (loss, metrics), grad = _COMPILED[case](z, labels, queue,
                                           np.float32(temperature))
   return loss, metrics, grad

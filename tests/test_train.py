@@ -39,7 +39,7 @@ def _config():
 
 def _final_params(workdir):
   with ocp.CheckpointManager(os.path.join(workdir, 'checkpoints')) as m:
-    restored = m.restore(m.latest_step())
+    restored = m.restore(m.latest_step(), args=ocp.args.StandardRestore())
   return m.latest_step(), restored
 
 
@@ -88,6 +88,7 @@ def test_killed_run_resumes_to_the_same_final_state(full_run, tmp_path):
   step_a, a = _final_params(workdir)
   step_b, b = _final_params(killed)
   assert step_a == step_b == 8
+  assert len(jax.tree.leaves(a['params'])) > 5 and int(a['step']) == 8
   jax.tree.map(np.testing.assert_array_equal, a, b)   # Bit-identical.
 
 

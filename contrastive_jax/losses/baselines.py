@@ -18,7 +18,8 @@ from contrastive_jax.losses import instance
 
 _MASKED = instance._MASKED  # pylint: disable=protected-access
 _masked_mean = instance._masked_mean  # pylint: disable=protected-access
-_check_temperature = instance._check_temperature  # pylint: disable=protected-access
+# pylint: disable-next=protected-access
+_check_temperature = instance._check_temperature
 
 
 def _batch(z, min_instances: int = 2):
@@ -44,7 +45,9 @@ def _nn_acc(sim, pos, self_mask):
 
 def align_uniform(z: jax.Array, *, alpha: float = 2., t: float = 2.,
                   uniform_weight: float = 1.) -> common.LossOutput:
-  """Alignment + uniformity (Wang & Isola 2020, Sec. 4.1, eqs. 2-3), "AU-CL".
+  """Alignment + uniformity (Wang & Isola 2020, Sec. 4.1), "AU-CL".
+
+  Equations as in cacr.md Sec. 2.10 (the source paper is not in papers/):
 
     L_align(alpha) = E_{(x, x+)} ||f(x) - f(x+)||_2^alpha
     L_uniform(t)   = log E_{x, y iid} exp(-t ||f(x) - f(y)||_2^2)
@@ -102,7 +105,10 @@ def align_uniform(z: jax.Array, *, alpha: float = 2., t: float = 2.,
 
 def hard_negative(z: jax.Array, *, temperature: float = 0.5, beta: float = 1.,
                   tau_plus: float = 0.1) -> common.LossOutput:
-  """Hard-negative contrastive loss (Robinson et al. 2021, eq. 6), "HN-CL".
+  """Hard-negative contrastive loss (Robinson et al. 2021), "HN-CL".
+
+  Equations as in cacr.md Sec. 2.10 and the reference code (the source paper
+  is not in papers/).
 
   SimCLR layout: anchor i, positive p (another view of i), the K = (N-1) V
   views of other instances as negatives, l = cos / tau. The negatives' term is
@@ -179,11 +185,11 @@ def hard_negative(z: jax.Array, *, temperature: float = 0.5, beta: float = 1.,
 
 def dcl(z: jax.Array, *, temperature: float = 0.1,
         layout: str = 'cross_view') -> common.LossOutput:
-  """Decoupled contrastive loss (Yeh et al. 2021, eq. 6), the MACL baseline.
+  """Decoupled contrastive loss (Yeh et al. 2021), the MACL baseline.
 
-  InfoNCE with the positive removed from the denominator (MACL paper Sec.
-  "Related work"/Table 2; macl.md Sec. 2.10): for anchor i, positive p and
-  negative set N(i), with l = cos / tau,
+  InfoNCE (MACL paper eq. 1) with the positive removed from the denominator
+  (macl.md Secs. 2.8 and 2.10): for anchor i, positive p and negative set
+  N(i), with l = cos / tau,
 
     L_i = -l_ip + log sum_{n in N(i)} e^{l_in}.
 
@@ -227,8 +233,7 @@ def dcl(z: jax.Array, *, temperature: float = 0.1,
     pairs = [(a, b) for a in range(v) for b in range(v) if a != b]
     a_idx = jnp.array([p[0] for p in pairs])
     b_idx = jnp.array([p[1] for p in pairs])
-    sim_all = jnp.einsum('nad,mbd->anbm', zn, zn)         # [V, N, V, N]
-    s = sim_all[a_idx, :, b_idx, :]                       # [P, N, N]
+    s = jnp.einsum('npd,mpd->pnm', zn[:, a_idx], zn[:, b_idx])  # [P, N, N]
     eye = jnp.eye(n, dtype=bool)
     neg_logits = jnp.where(eye, _MASKED, s / temperature)
     pos_logit = jnp.diagonal(s, axis1=1, axis2=2) / temperature

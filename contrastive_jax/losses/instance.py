@@ -1,4 +1,4 @@
-"""Instance-discrimination losses: NT-Xent (SimCLR), InfoNCE (MoCo), InsDis, CMC.
+"""Instance discrimination: NT-Xent (SimCLR), InfoNCE (MoCo), InsDis, CMC.
 
 Every instance is its own class: the views of one instance are positives and
 everything else (other instances' views, a queue, memory-bank rows) is a
@@ -174,8 +174,9 @@ def infonce(query: jax.Array, key: jax.Array, *,
   # Keys come from the momentum encoder, which is updated by an EMA of the
   # query encoder, not by backprop: MoCo blocks their gradient explicitly.
   k = common.l2_normalize(jax.lax.stop_gradient(key))      # [N, Vk, D]
-  sim_all = jnp.einsum('nad,mbd->anbm', q, k)              # [Vq, N, Vk, N]
-  sim = sim_all[a_idx, :, b_idx, :]                        # [P, N, N]
+  # Only the P needed [N, N] blocks are formed (gathering the [N, P, D] views
+  # is cheap), not the full [N*Vq, N*Vk] similarity matrix.
+  sim = jnp.einsum('npd,mpd->pnm', q[:, a_idx], k[:, b_idx])  # [P, N, N]
   eye = jnp.eye(n, dtype=bool)
   pos_sim = jnp.diagonal(sim, axis1=1, axis2=2)            # [P, N]
   pos_logit = pos_sim / temperature
@@ -212,42 +213,47 @@ def insdis(query: jax.Array, key: jax.Array, *, queue: jax.Array,
            proximal_weight: float = 50.) -> common.LossOutput:
   """InsDis: non-parametric instance discrimination with NCE (Wu et al. 2018).
 
-  The non-parametric softmax P(i|f) = exp(v_i.f / tau) / Z (eqs. 1, 3-4 of the
-  paper; slides 004 eq. 3) over all `num_data` memory-bank rows is replaced by
+  The non-parametric softmax P(i|f) = exp(v_i.f / tau) / Z over all
+  `num_data` memory-bank rows (slides 004 eqs. 1, 3-4) is replaced by
   noise-contrastive estimation against m = Q bank rows drawn uniformly,
-  P_n = 1 / num_data. With h(i, v) = P(i|v) / (P(i|v) + m P_n) the per-instance
-  objective (paper eqs. 5-6 with the proximal term of eq. 8) is
+  P_n = 1 / num_data. With h(i, v) = P(i|v) / (P(i|v) + m P_n), the
+  per-instance objective (J_NCE with the proximal term, slides 004 "NCE &
+  Regularization"; Wu et al. Secs. 3.2-3.3) is
 
     J_i = -log h(i, v_i) - sum_{k=1..m} log(1 - h(j_k, v_jk))
           + proximal_weight * ||f_i - v_i||^2,
 
-  where f_i = query[i] is the current feature (v_i^{(t)}) and v_i = key[i] its
-  memory-bank row (v_i^{(t-1)}). With logit a = v.f / tau - log Z - log(m P_n),
-  log h = log sigmoid(a) and log(1 - h) = log sigmoid(-a), evaluated with
-  softplus so that no probability is ever formed. The loss is the batch mean.
+  where f_i = query[i] is the current feature v_i^{(t)} and v_i = key[i] its
+  memory-bank row v_i^{(t-1)}. (The m * E_Pn expectation over noise becomes
+  the sum over the m sampled rows, as in the released code.) With the logit
+  a = v.f / tau - log Z - log(m P_n), log h = log sigmoid(a) and
+  log(1 - h) = log sigmoid(-a); both are evaluated with softplus, so no
+  probability is ever formed. The loss is the batch mean.
 
-  Normalising constant Z: the paper estimates Z_i ~ (n/m) sum_k exp(v_jk.f_i /
-  tau) by Monte Carlo and, in its released code, fixes Z after the first batch
-  (mean over that batch of n * exp(logits)). Here, with `nce_z=None`, Z is the
-  batch Monte-Carlo estimate Z = num_data * mean over the N x m noise logits
-  of exp(logit), computed in log space and under stop_gradient (it is a
-  constant of the model, not a path for gradients). It is returned in
+  Normalising constant Z: the paper approximates Z_i ~ (n/m) sum_k
+  exp(v_jk.f_i / tau) by Monte Carlo, and its released code fixes Z after the
+  first batch. Here, with `nce_z=None`, Z is the Monte-Carlo estimate pooled
+  over the whole batch: Z = num_data * mean over the N x m noise logits of
+  exp(logit), computed in log space and under stop_gradient (Z is treated as
+  a constant, not as a path for gradients). It is returned as
   `metrics['nce_z']`, so a train step can store the first step's value and
   pass it back as `nce_z` to reproduce the paper's fixed Z.
 
   Args:
     query: [N, 1, D] current embeddings f_i (gradients flow here).
-    key: [N, 1, D] memory-bank rows of the same N instances (positives).
+    key: [N, 1, D] memory-bank rows of the same N instances (the positives).
     queue: [m, D] memory-bank rows sampled uniformly as noise (m >= 1; the
       paper uses m = 4096). No gradient reaches key or queue.
-    num_data: n, the number of instances in the data set (bank size).
+    num_data: n, the number of instances in the data set (the bank size).
     temperature: tau (0.07 in the paper).
-    nce_z: optional fixed normalising constant Z (> 0); None estimates it from
+    nce_z: optional fixed normalising constant Z > 0; None estimates it from
       the batch as described above.
-    proximal_weight: lambda of the proximal regulariser lambda * ||v_i^{(t)} -
-      v_i^{(t-1)}||^2 (paper Sec. 3.4; it ablates lambda in {0, 10, 30, 50}
-      and 50 is used as the default here; the released lemniscate code
-      omits the term, i.e. 0).
+    proximal_weight: lambda of the proximal regulariser lambda *
+      ||v_i^{(t)} - v_i^{(t-1)}||^2 (squared, as in the paper; the slides
+      drop the square). The slides give no value; 50 is the strongest
+      setting of the paper's proximal ablation as I recall it (not verified
+      against the paper text here). The released lemniscate code has no
+      proximal term: pass 0 to match it.
 
   Returns:
     (loss, metrics): scalar loss; metrics hold `pos_sim`, `neg_sim`, `acc`
@@ -302,18 +308,19 @@ def insdis(query: jax.Array, key: jax.Array, *, queue: jax.Array,
 
 def cmc(z: jax.Array, *, temperature: float = 0.07, graph: str = 'core',
         queue: jax.Array | None = None) -> common.LossOutput:
-  """Contrastive Multiview Coding (Tian et al. 2019, eqs. 2-3 and 7-8).
+  """Contrastive Multiview Coding (Tian et al. 2019; slides 004 eqs. 5-6).
 
   For two views V_a, V_b, L(V_a, V_b) = L_contrast^{a,b} + L_contrast^{b,a}
-  (CMC eq. 3; slides 004 eq. 6), where L_contrast^{a,b} fixes view a of each
-  instance as the anchor and enumerates view b: the same instance's view b is
-  the positive, view b of the other N - 1 instances (and every queue row, if
-  given) are the negatives (CMC eq. 2 / slides eq. 5, a (K+1)-way softmax with
-  h = exp(cos / tau)). Each directional term is a mean over the N anchors.
+  (slides eq. 6), where L_contrast^{a,b} fixes view a of each instance as the
+  anchor and enumerates view b: the same instance's view b is the positive,
+  view b of the other N - 1 instances (and every queue row, if given) are the
+  negatives (slides eq. 5, a (K+1)-way softmax with h = exp(cos / tau)). Each
+  directional term is a mean over the N anchors.
 
-  With V views:
-    * graph='core' (CMC eq. 7): L_C = sum_{j>=1} L(V_0, V_j), view 0 is core;
-    * graph='full' (CMC eq. 8): L_F = sum_{a<b} L(V_a, V_b).
+  With V views (slides "Contrastive Learning with Multiple Views"):
+    * graph='core': L_C = sum_{j>=1} L(V_0, V_j), view 0 is the core view;
+    * graph='full': L_F = sum_{a<b} L(V_a, V_b) (the CMC paper's eq. 8, the
+      form the CACR paper's CMC baseline uses).
   The pair terms are summed, as in the paper (and its code's l_loss + ab_loss),
   so the loss scales with the number of pairs. For V = 2 both graphs agree.
 
@@ -347,8 +354,7 @@ def cmc(z: jax.Array, *, temperature: float = 0.07, graph: str = 'core',
   b_idx = jnp.array([p[1] for p in directed])
 
   zn = common.l2_normalize(z)                              # [N, V, D]
-  sim_all = jnp.einsum('nad,mbd->anbm', zn, zn)            # [V, N, V, N]
-  sim = sim_all[a_idx, :, b_idx, :]                        # [P, N, N]
+  sim = jnp.einsum('npd,mpd->pnm', zn[:, a_idx], zn[:, b_idx])  # [P, N, N]
   eye = jnp.eye(n, dtype=bool)
   pos_sim = jnp.diagonal(sim, axis1=1, axis2=2)            # [P, N]
   pos_logit = pos_sim / temperature
