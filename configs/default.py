@@ -38,6 +38,25 @@ def get_config() -> ml_collections.ConfigDict:
   config.loss = 'ntxent'
   config.loss_kwargs = ml_collections.ConfigDict({'temperature': 0.2})
 
+  # How a batch becomes the loss's inputs (contrastive_jax/train.py, Method):
+  # 'in_batch' (all views through the online encoder; SimCLR-style), 'moco'
+  # (EMA key encoder, optional queue) or 'memory_bank' (InsDis/CMC).
+  config.method = 'in_batch'
+  config.use_labels = False       # Pass batch labels to the loss (supcon, tcl).
+  # method='moco' only.
+  config.moco = ml_collections.ConfigDict()
+  config.moco.momentum = 0.999              # EMA momentum m (at step 0).
+  config.moco.momentum_schedule = 'constant'  # Or 'cosine' (to 1; MoCo v3).
+  config.moco.query_views = (0,)            # Views through the online encoder.
+  config.moco.key_views = (1,)              # Views through the key encoder.
+  config.moco.queue_size = 0                # 0: no queue; else % batch_size.
+  config.moco.shuffle_bn = False            # Key encoder: per-device shuffle-BN.
+  config.moco.lambda_ramp = False           # JCL: lam * (epoch + 1) / epochs.
+  # method='memory_bank' only.
+  config.memory_bank = ml_collections.ConfigDict()
+  config.memory_bank.momentum = 0.5         # Bank row update (InsDis: 0.5).
+  config.memory_bank.num_negatives = 4096   # Rows sampled as noise per step.
+
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.name = 'adamw'
   # Peak lr = base_learning_rate * batch_size / 256 (linear scaling rule).

@@ -90,3 +90,191 @@ def create_model(config) -> ContrastiveModel:
                         out_dim=config.model.head_out_dim,
                         num_layers=config.model.head_layers)
   return ContrastiveModel(encoder=encoder, head=head)
+
+
+# ---------------------------------------------------------------------------
+# ResNets (He et al. 2016) and the CACR / Wang & Isola small AlexNet.
+#
+# Layers mirror torchvision (convs without bias, BN after every conv, the
+# stride on the 3x3 conv of a Bottleneck, "v1.5"), so parameter counts equal
+# torchvision's minus the classifier. Compute runs in `dtype` (e.g. bf16);
+# parameters stay float32 (`param_dtype`), so optimizer updates are exact.
+# ---------------------------------------------------------------------------
+
+# torchvision's kaiming_normal_(mode='fan_out', nonlinearity='relu').
+_conv_init = nn.initializers.variance_scaling(2.0, 'fan_out', 'normal')
+
+
+class BasicBlock(nn.Module):
+  """Two 3x3 convs (ResNet-18/34). Output width `filters`."""
+  filters: int
+  strides: int = 1
+  dtype: Any = jnp.float32
+  zero_init_residual: bool = False
+
+  expansion = 1
+
+  @nn.compact
+  def __call__(self, x, *, train: bool):
+    conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype,
+                             kernel_init=_conv_init)
+    norm = functools.partial(nn.BatchNorm, use_running_average=not train,
+                             momentum=0.9, epsilon=1e-5, dtype=self.dtype)
+    y = conv(self.filters, (3, 3), (self.strides, self.strides),
+             padding=((1, 1), (1, 1)), name='conv1')(x)
+    y = nn.relu(norm(name='bn1')(y))
+    y = conv(self.filters, (3, 3), padding=((1, 1), (1, 1)), name='conv2')(y)
+    # Zero gamma makes each block start as the identity (Goyal et al. 2017).
+    y = norm(name='bn2', scale_init=(nn.initializers.zeros
+                                     if self.zero_init_residual
+                                     else nn.initializers.ones))(y)
+    if x.shape[-1] != self.filters or self.strides != 1:
+      x = conv(self.filters, (1, 1), (self.strides, self.strides),
+               name='downsample_conv')(x)
+      x = norm(name='downsample_bn')(x)
+    return nn.relu(x + y)
+
+
+class Bottleneck(nn.Module):
+  """1x1 -> 3x3 (strided) -> 1x1 convs (ResNet-50+). Output 4 * `filters`."""
+  filters: int
+  strides: int = 1
+  dtype: Any = jnp.float32
+  zero_init_residual: bool = False
+
+  expansion = 4
+
+  @nn.compact
+  def __call__(self, x, *, train: bool):
+    conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype,
+                             kernel_init=_conv_init)
+    norm = functools.partial(nn.BatchNorm, use_running_average=not train,
+                             momentum=0.9, epsilon=1e-5, dtype=self.dtype)
+    out = self.filters * self.expansion
+    y = nn.relu(norm(name='bn1')(conv(self.filters, (1, 1), name='conv1')(x)))
+    y = conv(self.filters, (3, 3), (self.strides, self.strides),
+             padding=((1, 1), (1, 1)), name='conv2')(y)
+    y = nn.relu(norm(name='bn2')(y))
+    y = conv(out, (1, 1), name='conv3')(y)
+    y = norm(name='bn3', scale_init=(nn.initializers.zeros
+                                     if self.zero_init_residual
+                                     else nn.initializers.ones))(y)
+    if x.shape[-1] != out or self.strides != 1:
+      x = conv(out, (1, 1), (self.strides, self.strides),
+               name='downsample_conv')(x)
+      x = norm(name='downsample_bn')(x)
+    return nn.relu(x + y)
+
+
+class ResNet(nn.Module):
+  """ResNet backbone without the classifier: [B, H, W, C] -> [B, F].
+
+  F = 8 * width * block.expansion (512 for ResNet-18, 2048 for ResNet-50 at
+  width 64). Stage i has width * 2^i filters; stages 2-4 halve the map.
+
+  Attributes:
+    stage_sizes: blocks per stage, e.g. (2, 2, 2, 2) for ResNet-18.
+    block_cls: BasicBlock or Bottleneck.
+    width: filters of the stem and the first stage (64 in the papers; small
+      values are for tests and CPU runs).
+    stem: 'imagenet' (7x7/2 conv + 3x3/2 max-pool: 224 -> 56) or 'cifar'
+      (3x3/1 conv, no pool: keeps 32x32, as in SimCLR/MACL/HCL on CIFAR).
+    zero_init_residual: zero the last BN scale of every block (torchvision
+      default False, which MoCo/SimCLR-PyTorch use).
+    dtype: compute dtype; parameters and BN statistics stay float32.
+  """
+  stage_sizes: Sequence[int]
+  block_cls: ModuleDef
+  width: int = 64
+  stem: str = 'imagenet'
+  zero_init_residual: bool = False
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, *, train: bool):
+    x = x.astype(self.dtype)
+    if self.stem == 'imagenet':
+      x = nn.Conv(self.width, (7, 7), (2, 2), padding=((3, 3), (3, 3)),
+                  use_bias=False, dtype=self.dtype, kernel_init=_conv_init,
+                  name='conv_stem')(x)
+    elif self.stem == 'cifar':
+      x = nn.Conv(self.width, (3, 3), (1, 1), padding=((1, 1), (1, 1)),
+                  use_bias=False, dtype=self.dtype, kernel_init=_conv_init,
+                  name='conv_stem')(x)
+    else:
+      raise ValueError(f"stem must be 'imagenet' or 'cifar'; got "
+                       f'{self.stem!r}.')
+    x = nn.BatchNorm(use_running_average=not train, momentum=0.9,
+                     epsilon=1e-5, dtype=self.dtype, name='bn_stem')(x)
+    x = nn.relu(x)
+    if self.stem == 'imagenet':
+      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+    for i, num_blocks in enumerate(self.stage_sizes):
+      for j in range(num_blocks):
+        x = self.block_cls(
+            filters=self.width * 2**i,
+            strides=2 if i > 0 and j == 0 else 1, dtype=self.dtype,
+            zero_init_residual=self.zero_init_residual,
+            name=f'stage{i + 1}_block{j}')(x, train=train)
+    # Features in float32 whatever the compute dtype: kNN, probes and the
+    # loss's normalisation want full precision.
+    return jnp.mean(x, axis=(1, 2)).astype(jnp.float32)
+
+
+ResNet18 = functools.partial(ResNet, stage_sizes=(2, 2, 2, 2),
+                             block_cls=BasicBlock)
+ResNet50 = functools.partial(ResNet, stage_sizes=(3, 4, 6, 3),
+                             block_cls=Bottleneck)
+
+
+class SmallAlexNet(nn.Module):
+  """The AlexNet of CACR's small-scale experiments (= Wang & Isola 2020's).
+
+  Five 3x3 convs (pad 1, no bias) with BN + ReLU, 3x3/2 VALID max-pools after
+  conv1, conv2 and conv5 (32 -> 15 -> 7 -> 3; 28 -> 13 -> 6 -> 2), then fc6
+  and fc7 (Dense without bias, BN, ReLU). Returns fc7, [B, fc_dim]: the
+  paper's linear-probe feature. The paper's fc8 (Dense 4096 -> 128 with bias,
+  the embedding the loss reads) is this project's projection head with
+  `config.model.head_layers = 1`.
+
+  Assumptions (the paper defers to Wang & Isola's code, see
+  /work/shared/notes/cacr.md section 3.1): every conv is bias-free, as
+  conv1 is in that code; weights are N(0, 0.02) as there; the flatten size
+  follows the input (192*3*3 at 32 px, 192*2*2 at 28 px).
+
+  Attributes:
+    widths: channels of conv1..conv5 (96, 192, 384, 384, 192).
+    fc_dim: width of fc6 and fc7 (4096).
+    dtype: compute dtype; parameters stay float32.
+  """
+  widths: Sequence[int] = (96, 192, 384, 384, 192)
+  fc_dim: int = 4096
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, *, train: bool):
+    if len(self.widths) != 5:
+      raise ValueError(f'widths must name 5 convs; got {self.widths}.')
+    init = nn.initializers.normal(0.02)
+    norm = functools.partial(nn.BatchNorm, use_running_average=not train,
+                             momentum=0.9, epsilon=1e-5, dtype=self.dtype)
+    x = x.astype(self.dtype)
+    for i, width in enumerate(self.widths):
+      x = nn.Conv(width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
+                  dtype=self.dtype, kernel_init=init, name=f'conv{i + 1}')(x)
+      x = nn.relu(norm(name=f'bn{i + 1}')(x))
+      if i in (0, 1, 4):
+        x = nn.max_pool(x, (3, 3), strides=(2, 2), padding='VALID')
+    x = x.reshape(x.shape[0], -1)
+    for name in ('fc6', 'fc7'):
+      x = nn.Dense(self.fc_dim, use_bias=False, dtype=self.dtype,
+                   kernel_init=init, name=name)(x)
+      x = nn.relu(norm(name=f'bn_{name}')(x))
+    return x.astype(jnp.float32)
+
+
+ENCODERS.update({
+    'resnet18': ResNet18,
+    'resnet50': ResNet50,
+    'alexnet_small': SmallAlexNet,
+})

@@ -16,6 +16,7 @@ explicit `out_sharding` annotations.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -38,23 +39,25 @@ from contrastive_jax import checkpointing
 from contrastive_jax import evaluate
 from contrastive_jax import losses
 from contrastive_jax import models
+from contrastive_jax import state as state_lib
 from input_pipeline import augment
 from input_pipeline import pipeline
 
 
-@flax.struct.dataclass
-class TrainState:
-  """Everything that changes during training, as one pytree."""
-  step: jax.Array
-  params: Any
-  batch_stats: Any
-  opt_state: Any
+TrainState = state_lib.TrainState
 
 
-def create_mesh() -> jax.sharding.Mesh:
-  """A 1-D data-parallel mesh over all devices (Auto axes: see module doc)."""
-  return jax.make_mesh((jax.device_count(),), ('data',),
-                       axis_types=(jax.sharding.AxisType.Auto,))
+def create_mesh(devices=None) -> jax.sharding.Mesh:
+  """A 1-D data-parallel mesh, axis 'data' (Auto axes: see module doc).
+
+  Args:
+    devices: the devices to span; default every device of every process.
+      Tests pass `jax.devices()[:1]` to get a 1-device mesh in-process.
+  """
+  devices = jax.devices() if devices is None else list(devices)
+  return jax.make_mesh((len(devices),), ('data',),
+                       axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=devices)
 
 
 def create_optimizer(config, total_steps: int) -> optax.GradientTransformation:
@@ -86,49 +89,302 @@ def create_optimizer(config, total_steps: int) -> optax.GradientTransformation:
                    'known: adamw, sgd, lars.')
 
 
-def create_train_state(rng, model, tx, image_shape) -> TrainState:
-  variables = model.init(rng, jnp.zeros((2,) + tuple(image_shape)),
+# --------------------------------------------------------------------------
+# The method layer: how a batch becomes the loss's inputs.
+# --------------------------------------------------------------------------
+
+METHODS = ('in_batch', 'moco', 'memory_bank')
+# Losses each method can feed (the others need inputs the method lacks).
+_METHOD_LOSSES = {
+    'in_batch': ('ntxent', 'supcon', 'tcl', 'cacr', 'macl', 'dcl',
+                 'align_uniform', 'hard_negative', 'cmc'),
+    'moco': ('infonce', 'jcl', 'cacr'),
+    'memory_bank': ('insdis', 'cmc'),
+}
+_SUPERVISED_LOSSES = ('supcon', 'tcl')
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """Static (compile-time) settings of the method, derived from the config.
+
+  `name` selects how `train_step` turns a batch into loss inputs:
+    * 'in_batch': z [B, V, D] from all V views through the online encoder
+      (SimCLR, SupCon/TCL with `use_labels`, CACR in-batch, MACL, DCL, AU-CL,
+      HN-CL, CMC without a bank);
+    * 'moco': query = online encoder on `query_views`, key = EMA encoder on
+      `key_views` (under stop_gradient), negatives from the queue if
+      `queue_size` > 0 (MoCo v2, MoCo v3-style symmetric, CACR-MoCo, JCL);
+    * 'memory_bank': z from all views; positives = the bank rows of the
+      batch's `index`, negatives = `num_negatives` uniformly sampled rows;
+      the bank is updated with momentum after the step (InsDis, CMC).
+  """
+  name: str
+  loss: str
+  use_labels: bool
+  total_steps: int
+  steps_per_epoch: int
+  num_epochs: float
+  # moco
+  momentum: float
+  momentum_schedule: str
+  query_views: tuple[int, ...]
+  key_views: tuple[int, ...]
+  queue_size: int
+  shuffle_bn: bool
+  lambda_ramp: bool
+  lam: float
+  # memory_bank
+  num_examples: int
+  bank_momentum: float
+  num_negatives: int
+
+  @classmethod
+  def from_config(cls, config, *, total_steps: int, steps_per_epoch: int,
+                  num_examples: int) -> 'Method':
+    mc, mb = config.moco, config.memory_bank
+    return cls(
+        name=config.method, loss=config.loss,
+        use_labels=bool(config.use_labels), total_steps=total_steps,
+        steps_per_epoch=steps_per_epoch, num_epochs=float(config.num_epochs),
+        momentum=float(mc.momentum), momentum_schedule=mc.momentum_schedule,
+        query_views=tuple(mc.query_views), key_views=tuple(mc.key_views),
+        queue_size=int(mc.queue_size), shuffle_bn=bool(mc.shuffle_bn),
+        lambda_ramp=bool(mc.lambda_ramp),
+        lam=float(config.loss_kwargs.get('lam', 0.)),
+        num_examples=num_examples, bank_momentum=float(mb.momentum),
+        num_negatives=int(mb.num_negatives))
+
+  @property
+  def has_key_encoder(self) -> bool:
+    return self.name == 'moco'
+
+  def lam_at(self, step: jax.Array) -> jax.Array:
+    """JCL's ramp, lambda_t = lambda_max (epoch + 1) / num_epochs (traced)."""
+    if not self.lambda_ramp:
+      return jnp.asarray(self.lam, jnp.float32)
+    epoch = (step // self.steps_per_epoch).astype(jnp.float32)
+    epochs = float(max(math.ceil(self.num_epochs), 1))
+    return self.lam * jnp.minimum((epoch + 1.) / epochs, 1.)
+
+
+def bank_rows(num_examples: int, num_devices: int) -> int:
+  """Bank rows: the data size rounded up so the bank shards evenly."""
+  return -(-num_examples // num_devices) * num_devices
+
+
+def create_train_state(rng, *, model, tx, image_shape, method: Method,
+                       num_devices: int) -> TrainState:
+  """The initial state; the key encoder starts as a copy of the online one."""
+  init_rng, queue_rng, bank_rng = jax.random.split(rng, 3)
+  variables = model.init(init_rng, jnp.zeros((2,) + tuple(image_shape)),
                          train=False)
   params = variables['params']
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                    batch_stats=variables.get('batch_stats', {}),
-                    opt_state=tx.init(params))
+  batch_stats = variables.get('batch_stats', {})
+  out_dim = model.head.out_dim
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                     batch_stats=batch_stats, opt_state=tx.init(params))
+  if method.has_key_encoder:
+    state = state.replace(key_params=jax.tree.map(jnp.copy, params),
+                          key_batch_stats=jax.tree.map(jnp.copy, batch_stats))
+    if method.queue_size:
+      state = state.replace(
+          queue=state_lib.init_queue(queue_rng, method.queue_size, out_dim),
+          queue_ptr=jnp.zeros((), jnp.int32))
+  if method.name == 'memory_bank':
+    state = state.replace(bank=state_lib.init_bank(
+        bank_rng, bank_rows(method.num_examples, num_devices), out_dim))
+  return state
 
 
-def train_step(state: TrainState, views: jax.Array, *, model, tx,
-               loss_fn) -> tuple[TrainState, dict[str, jax.Array]]:
+def state_shardings(abstract_state: TrainState, mesh) -> TrainState:
+  """Replicated everywhere except the queue and the bank, sharded by rows."""
+  replicated = NamedSharding(mesh, P())
+  rows = NamedSharding(mesh, P('data', None))
+  shardings = jax.tree.map(lambda _: replicated, abstract_state)
+  return shardings.replace(
+      queue=None if abstract_state.queue is None else rows,
+      bank=None if abstract_state.bank is None else rows)
+
+
+def _forward(model, variables, views):
+  """[B, V, ...] views -> (z [B, V, D], features [B, V, F], new batch_stats).
+
+  All views go through the encoder as one batch, so BatchNorm statistics are
+  shared across views (and, under jit, across devices: global BN).
+  """
+  b, v = views.shape[:2]
+  out, new_vars = model.apply(variables, views.reshape((b * v,) +
+                                                       views.shape[2:]),
+                              train=True, mutable=['batch_stats'])
+  return (out['projection'].reshape(b, v, -1),
+          out['features'].reshape(b, v, -1), new_vars['batch_stats'])
+
+
+def _key_forward(model, variables, views, rng, *, shuffle_bn: bool, mesh):
+  """The key encoder's embeddings [B, Vk, D] and its new BN statistics.
+
+  Global BN (default): one forward under jit, statistics over the whole key
+  batch. Shuffle-BN (MoCo): the B * Vk key images are permuted across the
+  global batch, each device normalises its own shard with per-device BN
+  (`jax.shard_map`), and the inverse permutation restores the order; the
+  running statistics are averaged over devices. Per-device BN on a shuffled
+  batch keeps a query and its key from sharing BN statistics, which MoCo found
+  otherwise leaks the positive.
+  """
+  if not shuffle_bn:
+    z, _, bs = _forward(model, variables, views)
+    return z, bs
+  b, v = views.shape[:2]
+  flat = views.reshape((b * v,) + views.shape[2:])
+  perm = jax.random.permutation(rng, b * v)
+
+  def per_device(variables, x):
+    out, new_vars = model.apply(variables, x, train=True,
+                                mutable=['batch_stats'])
+    return out['projection'], jax.lax.pmean(new_vars['batch_stats'], 'data')
+
+  z, bs = jax.shard_map(per_device, mesh=mesh,
+                        in_specs=(P(), P('data')),
+                        out_specs=(P('data'), P()))(variables, flat[perm])
+  z = z[jnp.argsort(perm)]
+  return z.reshape(b, v, -1), bs
+
+
+def train_step(state: TrainState, batch: dict[str, jax.Array],
+               rng: jax.Array, *, model, tx, loss_fn, method: Method,
+               mesh=None) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimisation step. Pure: jit it with the state donated.
 
   Args:
     state: the current TrainState.
-    views: [B, V, H, W, C] augmented views of B instances.
+    batch: {'views': [B, V, H, W, C] float, 'label': [B] int32,
+      'index': [B] int32 example ids}.
+    rng: a base PRNG key; the step's randomness is fold_in(rng, step).
     model: a ContrastiveModel.
     tx: the optax optimizer.
-    loss_fn: `z [B, V, D] -> (loss, metrics)`, hyperparameters bound.
+    loss_fn: the configured loss with its hyperparameters bound.
+    method: the static method settings (see `Method`).
+    mesh: the mesh (needed only for shuffle-BN's shard_map).
 
   Returns:
-    (new_state, metrics) with `loss` and the loss's own metrics.
+    (new_state, metrics) with `loss`, `grad_norm` and the loss's metrics.
   """
-  b, v = views.shape[:2]
+  rng = jax.random.fold_in(rng, state.step)
+  views, labels, index = batch['views'], batch['label'], batch['index']
+  extra_metrics = {}
+  new = {}
+
+  if method.name == 'moco':
+    m = state_lib.momentum_schedule(
+        state.step, base=method.momentum, total_steps=method.total_steps,
+        schedule=method.momentum_schedule)
+    # MoCo order: update the key encoder from the current online weights,
+    # then compute the keys with it.
+    key_params = state_lib.ema_update(state.key_params, state.params, m)
+    key_z, key_bs = _key_forward(
+        model, {'params': key_params, 'batch_stats': state.key_batch_stats},
+        views[:, list(method.key_views)], rng, shuffle_bn=method.shuffle_bn,
+        mesh=mesh)
+    # Keys are targets: the key encoder is an EMA, never trained, and the loss
+    # must not push gradients into it (MoCo computes k under no_grad).
+    key_z = jax.lax.stop_gradient(key_z)
+    new.update(key_params=key_params, key_batch_stats=key_bs)
+    extra_metrics['momentum'] = m
+    query_views = views[:, list(method.query_views)]
+  else:
+    query_views = views
+
+  if method.name == 'memory_bank':
+    neg_idx = jax.random.randint(rng, (method.num_negatives,), 0,
+                                 method.num_examples)
+    # Bank rows are records of past features, not functions of the params.
+    negatives = jax.lax.stop_gradient(state.bank[neg_idx])
+    positives = jax.lax.stop_gradient(state.bank[index])[:, None]
 
   def objective(params):
-    # All views go through the encoder as one batch, so BatchNorm statistics
-    # are shared across views (and, under jit, across devices: global BN).
-    out, new_vars = model.apply(
-        {'params': params, 'batch_stats': state.batch_stats},
-        views.reshape((b * v,) + views.shape[2:]), train=True,
-        mutable=['batch_stats'])
-    z = out['projection'].reshape(b, v, -1)
-    loss, metrics = loss_fn(z)
-    return loss, (metrics, new_vars['batch_stats'])
+    z, _, batch_stats = _forward(
+        model, {'params': params, 'batch_stats': state.batch_stats},
+        query_views)
+    if method.name == 'in_batch':
+      loss, metrics = (loss_fn(z, labels) if method.use_labels
+                       else loss_fn(z))
+    elif method.name == 'moco':
+      if method.loss == 'cacr':
+        loss, metrics = loss_fn(z, key=key_z, queue=state.queue)
+      elif method.loss == 'jcl':
+        loss, metrics = loss_fn(z, key_z, queue=state.queue,
+                                lam=method.lam_at(state.step))
+      else:
+        loss, metrics = loss_fn(z, key_z, queue=state.queue)
+    else:  # memory_bank
+      if method.loss == 'insdis':
+        loss, metrics = loss_fn(z, positives, queue=negatives,
+                                num_data=method.num_examples)
+      else:
+        loss, metrics = loss_fn(z, queue=negatives)
+    return loss, (metrics, batch_stats, z)
 
-  (loss, (metrics, batch_stats)), grads = jax.value_and_grad(
+  (loss, (metrics, batch_stats, z)), grads = jax.value_and_grad(
       objective, has_aux=True)(state.params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
+
+  if state.queue is not None:
+    if method.loss == 'jcl':
+      # JCL enqueues the mean of the normalised keys, not re-normalised.
+      keys = losses.l2_normalize(key_z).mean(axis=1)
+    else:
+      keys = losses.l2_normalize(key_z[:, 0])
+    new['queue'], new['queue_ptr'] = state_lib.enqueue(
+        state.queue, state.queue_ptr, keys)
+  if method.name == 'memory_bank':
+    # One bank row per instance: the normalised mean of its views' features.
+    feats = losses.l2_normalize(losses.l2_normalize(z).mean(axis=1))
+    new['bank'] = state_lib.update_bank(state.bank, index, feats,
+                                        method.bank_momentum)
+  if method.lambda_ramp:
+    extra_metrics['lam'] = method.lam_at(state.step)
+
+  metrics = dict(metrics, **extra_metrics, loss=loss,
+                 grad_norm=optax.global_norm(grads))
+  metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
   return state.replace(step=state.step + 1, params=params,
-                       batch_stats=batch_stats, opt_state=opt_state), metrics
+                       batch_stats=batch_stats, opt_state=opt_state,
+                       **new), metrics
+
+
+def create_step_fns(config, model, tx, mesh, method: Method, image_shape):
+  """Jitted (init_fn, step_fn, state_sharding) with explicit shardings.
+
+  init_fn(rng) -> state; step_fn(state, batch, rng) -> (state, metrics), the
+  state donated. The batch is sharded along 'data'; the state is replicated
+  except the queue and bank (rows sharded along 'data').
+  """
+  init = functools.partial(create_train_state, model=model, tx=tx,
+                           image_shape=image_shape, method=method,
+                           num_devices=mesh.size)
+  abstract = jax.eval_shape(init, jax.random.key(0))
+  shardings = state_shardings(abstract, mesh)
+  replicated = NamedSharding(mesh, P())
+  data = NamedSharding(mesh, P('data'))
+  init_fn = jax.jit(init, out_shardings=shardings)
+  loss_fn = functools.partial(losses.get_loss(config.loss),
+                              **_loss_kwargs(config))
+  step_fn = jax.jit(
+      functools.partial(train_step, model=model, tx=tx, loss_fn=loss_fn,
+                        method=method, mesh=mesh),
+      in_shardings=(shardings, {'views': data, 'label': data, 'index': data},
+                    replicated),
+      out_shardings=(shardings, replicated), donate_argnums=(0,))
+  return init_fn, step_fn, shardings
+
+
+def _loss_kwargs(config) -> dict[str, Any]:
+  kwargs = dict(config.loss_kwargs)
+  if config.loss == 'jcl':
+    kwargs.pop('lam', None)   # Passed per step (the ramp), see Method.lam_at.
+  return kwargs
 
 
 def _check_workdir(config, workdir: str) -> None:
@@ -164,14 +420,66 @@ def _flatten(d: dict, prefix: str = '') -> dict:
   return out
 
 
-def validate_config(config) -> None:
+def validate_config(config, num_devices: int | None = None) -> None:
   """Checks everything that can be checked before data or compilation."""
   losses.get_loss(config.loss)
-  augment.get_views(config.augment.preset, config.augment.num_views)
-  n = jax.device_count()
-  if config.batch_size % n:
-    raise ValueError(f'config.batch_size={config.batch_size} is not divisible '
+  v = config.augment.num_views
+  augment.get_views(config.augment.preset, v)
+  n = jax.device_count() if num_devices is None else num_devices
+  b = config.batch_size
+  if b % n:
+    raise ValueError(f'config.batch_size={b} is not divisible '
                      f'by the {n} devices; use a multiple of {n}.')
+  if config.method not in METHODS:
+    raise ValueError(f'unknown method {config.method!r} (config.method); '
+                     f'known: {", ".join(METHODS)}.')
+  if config.loss not in _METHOD_LOSSES[config.method]:
+    raise ValueError(
+        f'config.loss={config.loss!r} cannot be fed by '
+        f'config.method={config.method!r}; that method feeds: '
+        f'{", ".join(_METHOD_LOSSES[config.method])}.')
+  if config.use_labels and config.loss not in _SUPERVISED_LOSSES:
+    raise ValueError(f'config.use_labels=True but {config.loss!r} takes no '
+                     f'labels; supervised losses: '
+                     f'{", ".join(_SUPERVISED_LOSSES)}.')
+  if config.use_labels and config.method != 'in_batch':
+    raise ValueError('config.use_labels needs config.method="in_batch".')
+  if config.method == 'moco':
+    mc = config.moco
+    for name in ('query_views', 'key_views'):
+      views = tuple(mc[name])
+      if not views or any(not 0 <= i < v for i in views):
+        raise ValueError(f'config.moco.{name}={views} must be a non-empty '
+                         f'list of view ids in [0, {v}) '
+                         f'(config.augment.num_views={v}).')
+    q = mc.queue_size
+    if q < 0 or (q and q % b):
+      raise ValueError(
+          f'config.moco.queue_size={q} must be 0 (no queue) or a multiple of '
+          f'the global batch size {b} (MoCo writes whole batches into the '
+          'queue; a batch must never wrap around its end).')
+    if not 0. <= mc.momentum <= 1.:
+      raise ValueError(f'config.moco.momentum={mc.momentum} must be in [0, 1].')
+    state_lib.momentum_schedule(0, base=mc.momentum, total_steps=1,
+                                schedule=mc.momentum_schedule)
+    if config.loss == 'jcl' and not q and not config.loss_kwargs.get(
+        'in_batch_negatives', False):
+      raise ValueError('JCL needs negatives: set config.moco.queue_size > 0 '
+                       'or config.loss_kwargs.in_batch_negatives=True.')
+    if mc.lambda_ramp and config.loss != 'jcl':
+      raise ValueError('config.moco.lambda_ramp is JCL\'s lambda ramp; it '
+                       f'needs config.loss="jcl", not {config.loss!r}.')
+  if config.method == 'memory_bank':
+    mb = config.memory_bank
+    if mb.num_negatives < 1:
+      raise ValueError(f'config.memory_bank.num_negatives={mb.num_negatives} '
+                       'must be >= 1.')
+    if not 0. <= mb.momentum < 1.:
+      raise ValueError(f'config.memory_bank.momentum={mb.momentum} must be in '
+                       '[0, 1).')
+    if config.loss == 'insdis' and v != 1:
+      raise ValueError(f'InsDis uses one view per instance; set '
+                       f'config.augment.num_views=1 (got {v}).')
 
 
 def load_data(config) -> tuple[pipeline.ArrayDataset, pipeline.ArrayDataset]:
@@ -208,17 +516,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   total_steps = max(1, int(config.num_epochs * batches.steps_per_epoch))
   model = models.create_model(config)
   tx = create_optimizer(config, total_steps)
-  loss_fn = functools.partial(losses.get_loss(config.loss),
-                              **config.loss_kwargs)
   views_cfg = augment.get_views(config.augment.preset,
                                 config.augment.num_views)
   image_shape = train_data.images.shape[1:]
+  method = Method.from_config(config, total_steps=total_steps,
+                              steps_per_epoch=batches.steps_per_epoch,
+                              num_examples=train_data.num_examples)
 
   rng = jax.random.key(config.seed)
-  init_rng, aug_rng = jax.random.split(rng)
-  init_fn = jax.jit(functools.partial(create_train_state, model=model, tx=tx,
-                                      image_shape=image_shape),
-                    out_shardings=replicated)
+  init_rng, aug_rng, step_rng = jax.random.split(rng, 3)
+  init_fn, step_fn, _ = create_step_fns(config, model, tx, mesh, method,
+                                        image_shape)
   state = init_fn(init_rng)
 
   manager = checkpointing.create_manager(workdir)
@@ -227,10 +535,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     state = restored
     logging.info('Resumed from the checkpoint at step %d.', restored_step)
 
-  step_fn = jax.jit(
-      functools.partial(train_step, model=model, tx=tx, loss_fn=loss_fn),
-      in_shardings=(replicated, data_sharding),
-      out_shardings=(replicated, replicated), donate_argnums=(0,))
   # Per-step randomness is fold_in(key, step), so a resumed run draws the same
   # views as an uninterrupted one.
   augment_fn = jax.jit(
@@ -247,7 +551,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   for step in range(start, total_steps):
     batch = batches(step)
     views = augment_fn(step, batch['image'])
-    state, metrics = step_fn(state, views)
+    state, metrics = step_fn(
+        state, {'views': views, 'label': batch['label'],
+                'index': batch['index']}, step_rng)
     done = step + 1
     if done % config.log_every_steps == 0 or done == total_steps:
       metrics = jax.device_get(metrics)

@@ -11,7 +11,9 @@ Augmented views are made on the devices by `augment.augment_batch` (jitted in
 the train loop), not here: this module only moves raw uint8 images.
 
 Small datasets (Fashion-MNIST, CIFAR, STL-10: under 3 GB as uint8) fit in host
-memory; a streaming tf.data path for ImageNet-size data is future work.
+memory; ImageNet-size data streams through `streaming.StreamingTrainBatches`
+(same batch dict, tf.data on the host). Class-imbalanced variants of an
+`ArrayDataset` come from `imbalance.imbalanced_subset`.
 """
 
 from __future__ import annotations

@@ -96,3 +96,112 @@ def test_embedding_plot_pca_preserves_planar_geometry(tmp_path):
   assert path.read_bytes()[:8] == PNG_MAGIC
   with pytest.raises(ValueError, match='pca'):
     diagnostics.embedding_plot(feats, labels, str(path), method='tsne')
+
+
+# --- CACR conditional entropy H(X^-|X) -------------------------------------
+
+
+def _binary_entropy(delta_cost, t):
+  # Two negatives whose costs differ by delta: weights 1 / (1 + e^{t delta})
+  # and e^{t delta} / (1 + e^{t delta}).
+  p = 1.0 / (1.0 + np.exp(t * delta_cost))
+  return -(p * np.log(p) + (1 - p) * np.log(1 - p))
+
+
+@pytest.mark.parametrize('m', [2, 5, 64])
+def test_conditional_entropy_uniform_weights_is_log_m_minus_1(m):
+  rng = np.random.default_rng(0)
+  z = rng.normal(size=(m, 8)).astype(np.float32)
+  # Identical embeddings: every negative at cost 0, uniform weights.
+  same = np.tile(z[:1], (m, 1))
+  assert float(diagnostics.conditional_entropy(same, t_neg=3.)) == (
+      pytest.approx(np.log(m - 1), abs=1e-5))
+  # t_neg = 0 ignores the costs: uniform again, whatever the embeddings.
+  assert float(diagnostics.conditional_entropy(z, t_neg=0.)) == (
+      pytest.approx(np.log(m - 1), abs=1e-5))
+
+
+def test_conditional_entropy_two_negatives_closed_form():
+  e1, e2 = np.eye(3, dtype=np.float32)[:2]
+  z_a = np.stack([e1, e1, e1])
+  z_b = np.stack([e1, -e1, e2])
+  # Query 0 sees {-e1: cost 4, e2: 2}; query 1 {e1: 0, e2: 2}; query 2
+  # {e1: 0, -e1: 4}. Cost gaps 2, 2 and 4.
+  for t in (0.5, 1.0, 2.0):
+    want = np.mean([_binary_entropy(2, t), _binary_entropy(2, t),
+                    _binary_entropy(4, t)])
+    got = float(diagnostics.conditional_entropy(z_a, z_b, t_neg=t))
+    assert got == pytest.approx(want, rel=1e-5)
+
+
+def _entropy_of_costs(costs, t):
+  w = np.exp(-t * (np.asarray(costs) - np.min(costs)))
+  w /= w.sum()
+  w = w[w > 0]
+  return -np.sum(w * np.log(w))
+
+
+def test_conditional_entropy_hard_negatives_limit():
+  e1 = np.eye(3, dtype=np.float32)[1]
+  z_a = np.stack([e1, -e1, e1, -e1])
+  z_b = np.stack([e1, -e1, -e1, e1])
+  # Costs of the negatives j != i, by hand (0 for equal, 4 for antipodal):
+  # query 0 (e1) vs [-e1, -e1, e1]; query 1 (-e1) vs [e1, -e1, e1];
+  # query 2 (e1) vs [e1, -e1, e1]; query 3 (-e1) vs [e1, -e1, -e1].
+  costs = [[4, 4, 0], [4, 0, 4], [0, 4, 0], [4, 0, 0]]
+  for t in (0.3, 20.):
+    want = np.mean([_entropy_of_costs(c, t) for c in costs])
+    got = float(diagnostics.conditional_entropy(z_a, z_b, t_neg=t))
+    assert got == pytest.approx(want, rel=1e-5)
+  # Large t: all weight on the cost-0 negatives: entropy 0 for queries 0-1
+  # (one such negative), log 2 for queries 2-3 (two of them).
+  got = float(diagnostics.conditional_entropy(z_a, z_b, t_neg=20.))
+  assert got == pytest.approx(np.log(2) / 2, abs=1e-6)
+
+
+# --- MACL semantic sensitivity ----------------------------------------------
+
+
+def test_semantic_sensitivity_closed_forms():
+  labels = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 3])
+  m = len(labels)
+  same_offdiag = (np.sum((labels[:, None] == labels[None]).astype(int))
+                  - m) / (m * (m - 1))
+  # Collapse: cos = 1 everywhere; same-class pairs score 1, others e^-4.
+  f = np.tile(np.array([[0.3, -0.4, 1.2]], np.float32), (m, 1))
+  got = float(diagnostics.semantic_sensitivity(f, labels))
+  assert got == pytest.approx(same_offdiag + (1 - same_offdiag) * np.exp(-4),
+                              rel=1e-5)
+  # Orthogonal features: cos = 0, every pair scores e^-1.
+  got = float(diagnostics.semantic_sensitivity(
+      np.eye(m, dtype=np.float32) * 2., labels))
+  assert got == pytest.approx(np.exp(-1), rel=1e-5)
+
+
+def test_semantic_sensitivity_perfect_antipodal_two_classes_is_one():
+  labels = np.array([0, 1] * 1100)          # 2200 points: 3 row blocks
+  f = np.where(labels[:, None] == 0, 1., -1.) * np.array([[0.6, 0.8]])
+  got = float(diagnostics.semantic_sensitivity(f.astype(np.float32), labels))
+  assert got == pytest.approx(1.0, abs=1e-6)
+
+
+def test_semantic_sensitivity_matches_brute_force_with_second_encoder():
+  rng = np.random.default_rng(3)
+  f = rng.normal(size=(40, 6))
+  g = rng.normal(size=(40, 6))
+  labels = rng.integers(0, 3, 40)
+  fn = f / np.linalg.norm(f, axis=1, keepdims=True)
+  gn = g / np.linalg.norm(g, axis=1, keepdims=True)
+  h = np.where(labels[:, None] == labels[None], 1., -1.)
+  e = np.exp(-(h - fn @ gn.T) ** 2)
+  want = e[~np.eye(40, dtype=bool)].mean()
+  got = float(diagnostics.semantic_sensitivity(
+      f.astype(np.float32), labels, g.astype(np.float32)))
+  assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_new_diagnostics_are_registered():
+  assert diagnostics.DIAGNOSTICS['cacr_conditional_entropy'] is (
+      diagnostics.conditional_entropy)
+  assert diagnostics.DIAGNOSTICS['macl_semantic_sensitivity'] is (
+      diagnostics.semantic_sensitivity)

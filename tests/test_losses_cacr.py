@@ -1,4 +1,4 @@
-"""Tests for contrastive_jax.losses.cacr against notes/cacr.md."""
+"""Tests for contrastive_jax.losses.cacr (losses/attraction_repulsion.py) against notes/cacr.md."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""Tests for contrastive_jax.losses.jcl against notes/jcl.md."""
+"""Tests for contrastive_jax.losses.jcl (losses/joint.py) against notes/jcl.md."""
 
 import jax
 import jax.numpy as jnp

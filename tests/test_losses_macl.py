@@ -1,4 +1,4 @@
-"""Tests for contrastive_jax.losses.macl against notes/macl.md."""
+"""Tests for contrastive_jax.losses.macl (losses/model_aware.py) against notes/macl.md."""
 
 import jax
 import jax.numpy as jnp

@@ -84,9 +84,12 @@ def test_full_area_crop_is_identity_and_crop_resize_of_gradient_is_linear():
   same = augment.random_resized_crop(jax.random.key(1), jnp.asarray(ramp),
                                      scale=(1., 1.), ratio=(1., 1.))
   np.testing.assert_allclose(np.asarray(same), ramp, atol=1e-6)
-  for seed in range(5):
-    out = np.asarray(augment.random_resized_crop(
-        jax.random.key(seed), jnp.asarray(ramp), scale=(0.2, 0.5)))[..., 0]
+  # One vmapped call over 5 keys: one compilation instead of 5 eager runs.
+  crops = jax.jit(jax.vmap(lambda k: augment.random_resized_crop(
+      k, jnp.asarray(ramp), scale=(0.2, 0.5))),
+                  compiler_options=_FAST_COMPILE)(
+                      jax.random.split(jax.random.key(0), 5))
+  for out in np.asarray(crops)[..., 0]:
     np.testing.assert_allclose(out, np.broadcast_to(out[:1], out.shape),
                                atol=1e-5)  # Constant along y.
     dx = np.diff(out[0, 1:-1])       # Borders may clamp; the inside is linear.
@@ -115,32 +118,36 @@ def test_grayscale_matches_luma_and_is_identity_on_one_channel():
   np.testing.assert_array_equal(np.asarray(augment.to_grayscale(one)), one)
 
 
-def _all_presets_fn(num_views):
-  """One jitted function making `num_views` views under every preset.
+_SIZE, _NUM_VIEWS = 14, 3
 
-  One compilation per channel count instead of one per (preset, channels)
-  pair keeps this test set fast; multi-crop goes through augment_views.
+
+@functools.cache
+def _all_presets_fn():
+  """One jitted function making `_NUM_VIEWS` views under every preset.
+
+  One compilation per input shape instead of one per (preset, channels) pair
+  keeps this test set fast; multi-crop goes through augment_views. Cached, so
+  the tests below that call it with the same shapes reuse the executable.
   """
   @functools.partial(jax.jit, compiler_options=_FAST_COMPILE)
   def fn(rng, images):
     return {name: augment.augment_views(rng, images,
-                                        augment.get_views(name, num_views))
+                                        augment.get_views(name, _NUM_VIEWS))
             for name in augment.PRESETS}
   return fn
 
 
 @pytest.mark.parametrize('channels', [1, 3])
 def test_views_shapes_ranges_determinism(channels):
-  size, num_views = 14, 3
-  images = jnp.asarray(_data(n=6, size=size, channels=channels).images)
-  fn = _all_presets_fn(num_views)
+  images = jnp.asarray(_data(n=6, size=_SIZE, channels=channels).images)
+  fn = _all_presets_fn()
   out = fn(jax.random.key(0), images)
   again = fn(jax.random.key(0), images)
   other = fn(jax.random.key(1), images)
   for name, views in out.items():
-    assert len(views) == num_views, name
-    for v, cfg in enumerate(augment.get_views(name, num_views)):
-      side = size if cfg.size is None else round(cfg.size * size)
+    assert len(views) == _NUM_VIEWS, name
+    for v, cfg in enumerate(augment.get_views(name, _NUM_VIEWS)):
+      side = _SIZE if cfg.size is None else round(cfg.size * _SIZE)
       assert views[v].shape == (6, side, side, channels), (name, v)
       assert views[v].dtype == jnp.float32, name
       x = np.asarray(views[v])
@@ -152,6 +159,146 @@ def test_views_shapes_ranges_determinism(channels):
     assert not np.allclose(np.asarray(views[0]), np.asarray(views[1])), name
 
 
+def test_one_channel_equals_replicated_gray_channels():
+  # Colour ops on a gray image are identities (saturation, hue, random
+  # grayscale), so under every preset a 1-channel image and the same image
+  # replicated to 3 channels give the same views, channel for channel: the
+  # grayscale path is the colour path on a replicated channel.
+  gray = _data(n=6, size=_SIZE, channels=1).images
+  fn = _all_presets_fn()       # Same shapes as above: no new compilation.
+  one = fn(jax.random.key(0), jnp.asarray(gray))
+  three = fn(jax.random.key(0), jnp.asarray(np.repeat(gray, 3, axis=-1)))
+  for name in one:
+    for a, b in zip(one[name], three[name]):
+      a, b = np.asarray(a)[..., 0], np.asarray(b)
+      for c in range(3):
+        np.testing.assert_allclose(b[..., c], a, atol=2e-5, err_msg=name)
+
+
 def test_unknown_preset():
   with pytest.raises(ValueError, match='unknown augmentation preset'):
     augment.get_views('nope', 2)
+
+
+def test_crop_resize_to_half_size_matches_numpy_block_mean():
+  # The full image resized bilinearly (no antialiasing) to half its side
+  # samples input coordinate 2i + 0.5: the mean of each 2x2 block.
+  img = np.random.default_rng(0).random((8, 12, 3)).astype(np.float32)
+  out = augment.random_resized_crop(jax.random.key(0), jnp.asarray(img),
+                                    scale=(1., 1.), ratio=(1., 1.),
+                                    size=(4, 6))
+  want = img.reshape(4, 2, 6, 2, 3).mean(axis=(1, 3))
+  np.testing.assert_allclose(np.asarray(out), want, atol=1e-6)
+
+
+def test_random_crop_of_gradient_to_another_size_is_a_linear_ramp():
+  w = 16
+  ramp = np.tile(np.linspace(0, 1, w, dtype=np.float32), (w, 1))[..., None]
+  out = np.asarray(augment.random_resized_crop(
+      jax.random.key(4), jnp.asarray(ramp), scale=(0.3, 0.6), size=(6, 7)))
+  assert out.shape == (6, 7, 1)
+  out = out[..., 0]
+  np.testing.assert_allclose(out, np.broadcast_to(out[:1], out.shape),
+                             atol=1e-5)
+  dx = np.diff(out[0, 1:-1])
+  assert np.all(dx > 0)
+  np.testing.assert_allclose(dx, dx.mean(), atol=1e-4)
+
+
+def test_solarize_matches_numpy():
+  img = np.random.default_rng(0).random((5, 5, 3)).astype(np.float32)
+  out = augment.solarize(jax.random.key(0), jnp.asarray(img), p=1.0)
+  np.testing.assert_array_equal(np.asarray(out),
+                                np.where(img < 0.5, img, 1. - img))
+  kept = augment.solarize(jax.random.key(0), jnp.asarray(img), p=0.0)
+  np.testing.assert_array_equal(np.asarray(kept), img)
+
+
+def test_blur_keeps_constants_and_range():
+  const = jnp.full((10, 10, 3), 0.3, jnp.float32)
+  out = augment.gaussian_blur(jax.random.key(0), const, p=1.0)
+  np.testing.assert_allclose(np.asarray(out), 0.3, atol=1e-6)
+  img = np.random.default_rng(0).random((10, 10, 1)).astype(np.float32)
+  out = np.asarray(augment.gaussian_blur(jax.random.key(1), jnp.asarray(img),
+                                         p=1.0))
+  assert img.min() - 1e-6 <= out.min() and out.max() <= img.max() + 1e-6
+  assert out.std() < img.std()       # Smoothing lowers the variance.
+
+
+def test_random_erase_zeroes_one_rectangle():
+  img = 0.5 + 0.5 * np.random.default_rng(0).random((12, 12, 1),
+                                                    ).astype(np.float32)
+  out = np.asarray(augment.random_erase(jax.random.key(2), jnp.asarray(img),
+                                        p=1.0))[..., 0]
+  zero = out == 0
+  ys, xs = np.nonzero(zero)
+  assert zero.any()
+  box = np.zeros_like(zero)
+  box[ys.min():ys.max() + 1, xs.min():xs.max() + 1] = True
+  np.testing.assert_array_equal(zero, box)   # Exactly a filled rectangle.
+  np.testing.assert_array_equal(out[~zero], img[..., 0][~zero])
+
+
+def test_multicrop_views_and_stacking():
+  views = augment.build_views('multicrop', 6)
+  assert [v.size for v in views[:2]] == [None, None]
+  assert all(v.size == 3 / 7 for v in views[2:])
+  images = jnp.asarray(_data(n=3, size=28).images)
+  # Sizes are static; eval_shape checks them without compiling.
+  shapes = jax.eval_shape(lambda r, x: augment.augment_views(r, x, views),
+                          jax.random.key(0), images)
+  want = [(3, 28, 28, 1)] * 2 + [(3, 12, 12, 1)] * 4   # 3/7 of 28 = 12.
+  assert [s.shape for s in shapes] == want
+  assert all(s.dtype == jnp.float32 for s in shapes)
+  with pytest.raises(ValueError, match='augment_views'):
+    augment.augment_batch(jax.random.key(0), images, views)
+  assert augment.resolve_size(3 / 7, (224, 224)) == (96, 96)
+  assert augment.resolve_size(16, (28, 28)) == (16, 16)
+
+
+def test_augment_batch_stacks_augment_views():
+  images = jnp.asarray(_data(n=4, size=8, channels=3).images)
+  views = augment.get_views('tcl_fmnist', 2)
+  stacked = augment.augment_batch(jax.random.key(5), images, views)
+  listed = augment.augment_views(jax.random.key(5), images, views)
+  assert stacked.shape == (4, 2, 8, 8, 3)
+  for v in range(2):
+    np.testing.assert_array_equal(np.asarray(stacked[:, v]),
+                                  np.asarray(listed[v]))
+
+
+def test_build_views_applies_per_view_overrides():
+  views = augment.build_views('simclr', 2, ({'blur_p': 1.0},
+                                            {'blur_p': 0.1, 'solarize_p': 0.2}))
+  assert (views[0].blur_p, views[0].solarize_p) == (1.0, 0.0)
+  assert (views[1].blur_p, views[1].solarize_p) == (0.1, 0.2)
+  assert views[0].jitter_strength == 1.0     # Untouched fields: the preset's.
+  # One override applies to every view; lists from a config become tuples.
+  views = augment.build_views('fmnist', 4, [{'crop_scale': [0.5, 1.0]}])
+  assert all(v.crop_scale == (0.5, 1.0) for v in views) and len(views) == 4
+  assert augment.build_views('byol', 2) == augment.get_views('byol', 2)
+
+
+def test_build_views_from_an_ml_collections_config():
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  cfg = ml_collections.ConfigDict()
+  cfg.preset = 'simclr'
+  cfg.num_views = 2
+  cfg.overrides = ({'blur_p': 1.0}, {'blur_p': 0.1, 'solarize_p': 0.2})
+  views = augment.build_views(cfg.preset, cfg.num_views, cfg.overrides)
+  assert views == augment.PRESETS['byol']   # BYOL's pair, rebuilt.
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    (dict(num_views=1), 'out of range'),
+    (dict(num_views=11), 'out of range'),
+    (dict(num_views=2, overrides=({'blurr_p': 1.},)), 'unknown ViewConfig'),
+    (dict(num_views=3, overrides=({}, {})), '2 view overrides for 3'),
+    (dict(num_views=2, overrides=({'flip_p': 1.5},)), 'not a probability'),
+    (dict(num_views=2, overrides=({'crop_scale': (0.5, 0.2)},)),
+     'crop_scale'),
+    (dict(num_views=2, overrides=({'size': 1.5},)), r'\(0, 1\]'),
+])
+def test_build_views_errors(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    augment.build_views('simclr', **kwargs)

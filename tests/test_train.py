@@ -137,3 +137,42 @@ def test_main_rejects_a_misspelt_config_field(tmp_path):
 def test_main_requires_workdir():
   out = _main()
   assert out.returncode != 0 and 'workdir' in out.stderr
+
+
+METHOD_CONFIGS = ('simclr', 'moco_v2', 'moco_v3', 'insdis', 'cmc', 'supcon',
+                  'tcl_sup', 'tcl_ssl', 'cacr_k1', 'cacr_k4', 'cacr_moco',
+                  'macl', 'jcl', 'au_cl', 'hn_cl', 'dcl')
+TINY_DATA = (_synthetic(64, 2), _synthetic(32, 3))
+
+
+@pytest.mark.parametrize('name', METHOD_CONFIGS)
+def test_every_method_config_runs_end_to_end(name, tmp_path):
+  import importlib
+  config = importlib.import_module(f'configs.{name}').get_config()
+  # Tiny overrides in the spirit of configs/test.py: 2 steps of a 1-stage CNN.
+  config.model.encoder_kwargs.widths = (4,)
+  config.model.head_hidden_dim = 8
+  config.model.head_out_dim = 8
+  config.batch_size = 32
+  config.num_epochs = 1.0
+  config.log_every_steps = 1
+  config.checkpoint_every_steps = 2
+  if config.moco.queue_size:
+    config.moco.queue_size = 64
+  config.memory_bank.num_negatives = 16
+  config.eval.batch_size = 32
+  config.eval.knn_ks = (3,)
+  config.eval.linear_max_iter = 5
+  config.eval.baselines = False
+  results = train.train_and_evaluate(config, str(tmp_path), data=TINY_DATA)
+  assert results['steps'] == 2
+  assert np.isfinite(results['final_loss'])
+  with open(tmp_path / 'results.json') as f:
+    assert json.load(f)['steps'] == 2
+  _, ckpt = _final_params(str(tmp_path))
+  has_key = config.method == 'moco'
+  assert (ckpt['key_params'] is not None) == has_key
+  if config.moco.queue_size and has_key:
+    assert np.shape(ckpt['queue']) == (64, 8) and int(ckpt['queue_ptr']) == 0
+  if config.method == 'memory_bank':
+    assert np.shape(ckpt['bank']) == (64, 8)

@@ -13,9 +13,9 @@ Lower is better for both.
 
 Plots use matplotlib's Agg backend (no display needed) and write PNG files.
 
-Still to come, next to these: CACR's conditional entropy H(X^-|X) and MACL's
-semantic sensitivity; add them as pure functions and register them in
-`DIAGNOSTICS`.
+CACR's conditional entropy of the negative weights (Zheng et al. 2023, eq. 8)
+and MACL's semantic sensitivity (eq. 7) are below; see
+/work/shared/notes/cacr.md section 2.11 and macl.md section 6.3.
 """
 
 from __future__ import annotations
@@ -80,6 +80,86 @@ def uniformity(z: jax.Array, t: float = 2.) -> jax.Array:
 
   lse = jax.nn.logsumexp(jax.lax.map(block_lse, (rows, starts)))
   return lse - jnp.log(n * (n - 1) / 2.)
+
+
+@jax.jit
+def conditional_entropy(z_a: jax.Array, z_b: jax.Array | None = None, *,
+                        t_neg: float = 2.) -> jax.Array:
+  """CACR's H(X^-|X): mean entropy of the negative weights pi^- (eq. 8).
+
+  For query i the negatives are z_b[j], j != i, weighted by
+
+      pi^-_ij = softmax_{j != i}(-t_neg ||z_a[i] - z_b[j]||^2),
+
+  and H = mean_i -sum_{j != i} pi^-_ij log pi^-_ij, in [0, log(M - 1)]: the
+  maximum (the paper's "unif" line) when the weights are uniform, 0 when one
+  negative takes all the weight. The mutual information of eq. 7 is
+  log(M - 1) - H. The paper averages this over validation mini-batches; call
+  it once per batch.
+
+  Args:
+    z_a: [M, D] query embeddings (normalised here), M >= 2.
+    z_b: [M, D] embeddings the negatives come from; None (default) uses z_a,
+      the paper's in-batch estimator (sec. 3.2). Passing the other view gives
+      the released small-scale code's cross-view negatives.
+    t_neg: CACR's t^- (2.0 for K=1 on CIFAR-10); it multiplies the squared
+      distance, so it acts as an inverse temperature.
+
+  Returns:
+    Scalar float32 entropy in nats.
+  """
+  z_a = l2_normalize(z_a)
+  z_b = z_a if z_b is None else l2_normalize(z_b)
+  m = z_a.shape[0]
+  # ||a - b||^2 = 2 - 2 a.b on the sphere (no sqrt: finite at distance 0).
+  cost = jnp.maximum(2. - 2. * (z_a @ z_b.T), 0.)
+  off = ~jnp.eye(m, dtype=bool)
+  logw = jax.nn.log_softmax(jnp.where(off, -t_neg * cost, -jnp.inf), axis=1)
+  # The diagonal has weight 0; 0 * -inf would be NaN, so select it out.
+  plogp = jnp.where(off, jnp.exp(logw) * logw, 0.)
+  return jnp.mean(-jnp.sum(plogp, axis=1))
+
+
+@jax.jit
+def semantic_sensitivity(f: jax.Array, labels: jax.Array,
+                         g: jax.Array | None = None) -> jax.Array:
+  """MACL's S = E_{x != y} exp(-(H_xy - f(x).g(y))^2) (eq. 7), in [e^-4, 1].
+
+  H_xy = +1 for a same-class pair and -1 otherwise, and the dot product is
+  the cosine of L2-normalised features, so S = 1 when same-class pairs
+  coincide and different classes are antipodal; collapse gives
+  p_same + (1 - p_same) e^-4. The mean is over ordered pairs x != y (the
+  notes' recommendation; the diagonal would add ~1/M), in row blocks so
+  memory is [block, M].
+
+  Args:
+    f: [M, D] features (normalised here), M >= 2.
+    labels: [M] int class ids.
+    g: [M, D] features of the second encoder; None (SimCLR: one encoder)
+      uses f.
+
+  Returns:
+    Scalar float32 (higher is better).
+  """
+  f = l2_normalize(f)
+  g = f if g is None else l2_normalize(g)
+  m = f.shape[0]
+  block = min(_PAIR_BLOCK, m)
+  pad = -m % block
+  rows = jnp.pad(f, ((0, pad), (0, 0))).reshape(-1, block, f.shape[1])
+  row_labels = jnp.pad(labels, (0, pad)).reshape(-1, block)
+  starts = jnp.arange(rows.shape[0]) * block
+
+  def block_sum(args):
+    fb, lb, start = args
+    h = jnp.where(lb[:, None] == labels[None, :], 1., -1.)
+    e = jnp.exp(-(h - fb @ g.T) ** 2)                          # [block, M]
+    i = start + jnp.arange(block)[:, None]
+    j = jnp.arange(m)[None, :]
+    return jnp.sum(jnp.where((i != j) & (i < m), e, 0.))
+
+  total = jnp.sum(jax.lax.map(block_sum, (rows, row_labels, starts)))
+  return total / (m * (m - 1))
 
 
 def similarity_histograms(z_a, z_b, *, labels=None, bins: int = 50,
@@ -210,9 +290,10 @@ def _save(fig, path: str) -> None:
   fig.savefig(path, format='png')
 
 
-# name -> fn(embeddings...) -> scalar. CACR conditional entropy and MACL
-# semantic sensitivity will be registered here.
+# name -> fn(embeddings...) -> scalar.
 DIAGNOSTICS: dict[str, Callable] = {
     'alignment': alignment,
     'uniformity': uniformity,
+    'cacr_conditional_entropy': conditional_entropy,
+    'macl_semantic_sensitivity': semantic_sensitivity,
 }

@@ -11,12 +11,14 @@ unknown name).
 
 from collections.abc import Callable
 
-from contrastive_jax.losses import baselines
-from contrastive_jax.losses import cacr
-from contrastive_jax.losses import instance
-from contrastive_jax.losses import jcl
-from contrastive_jax.losses import macl
-from contrastive_jax.losses import supervised
+# Modules are named by idea, not by method, so that the method names below
+# (`losses.cacr`, ...) are the functions and never shadow a module.
+from contrastive_jax.losses import attraction_repulsion  # CACR
+from contrastive_jax.losses import baselines             # AU-CL, HN-CL, DCL
+from contrastive_jax.losses import instance              # NT-Xent, MoCo, ...
+from contrastive_jax.losses import joint                 # JCL
+from contrastive_jax.losses import model_aware           # MACL
+from contrastive_jax.losses import supervised            # SupCon, TCL
 from contrastive_jax.losses.common import l2_normalize
 
 # Each module lists its own losses in a module-level `LOSSES` dict; the union is
@@ -25,9 +27,9 @@ LOSSES: dict[str, Callable] = {
     **instance.LOSSES,
     **supervised.LOSSES,
     **baselines.LOSSES,
-    **cacr.LOSSES,
-    **macl.LOSSES,
-    **jcl.LOSSES,
+    **attraction_repulsion.LOSSES,
+    **model_aware.LOSSES,
+    **joint.LOSSES,
 }
 globals().update(LOSSES)
 

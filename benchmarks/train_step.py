@@ -1,0 +1,317 @@
+r"""Train-step throughput and MFU of the default model and of ResNet-18.
+
+Run from the repository root:
+
+    PYTHONPATH=. .venv/bin/python benchmarks/train_step.py          # table
+    PYTHONPATH=. .venv/bin/python benchmarks/train_step.py --profile
+
+What is measured. Every row runs in a fresh subprocess, because the number of
+virtual CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=N) must
+be set before jax is imported. A row builds the step exactly as
+`contrastive_jax/train.py` does (`models.create_model`,
+`train.create_optimizer`, `train.Method.from_config` and
+`train.create_step_fns`: `train.train_step` with the configured loss, jitted
+with the state's shardings, batch sharded over 'data', the state donated),
+compiles it, then times `--steps` steps after 2
+warm-up steps on fixed random views (the augmentation is not part of the
+step, as in train.py where it is a separate jitted function).
+
+* images/s counts instances (each has 2 views), like train.py's log line.
+* Model FLOPs per step come from XLA's cost analysis of the 1-device
+  executable (`jitted.lower(...).compile().cost_analysis()['flops']`): the work
+  of one step of the model, whatever the device count (an SPMD executable
+  reports the per-device share, printed for reference).
+* MFU = model FLOPs / step time / peak, with the peak measured here as the
+  best of several 2048^3 float32 matmuls on one device (XLA's CPU matmul
+  already uses every core, so this is the machine's peak, not a core's).
+
+The machine is shared (2 cores, other jobs running): the load average is
+printed before and after, and timings are the median of the timed steps.
+
+`--profile` breaks the default 1-device step down: forward only, forward +
+loss, forward + backward, the full step, then each SmallCNN stage's conv,
+BN + ReLU and max-pool, forward + backward, in isolation at the step's shapes.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (label, model, devices, batch instances). Defaults are configs/default.py.
+ROWS = [
+    ('default', 'default', 1, 512),
+    ('default', 'default', 8, 512),
+    ('default', 'default', 16, 512),
+    ('resnet18-cifar', 'resnet18', 1, 64),
+]
+
+
+def _worker_setup(devices: int):
+  os.environ['XLA_FLAGS'] = (
+      f'--xla_force_host_platform_device_count={devices}')
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  sys.path.insert(0, ROOT)
+
+
+def _flops(compiled) -> float:
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):     # older jax: one dict per program
+    cost = cost[0]
+  return float(cost.get('flops', float('nan')))
+
+
+def _timed(fn, *args, steps: int) -> list[float]:
+  import jax  # pylint: disable=g-import-not-at-top
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t0)
+  return times
+
+
+def _config(model: str, batch: int):
+  from configs import default  # pylint: disable=g-import-not-at-top
+  config = default.get_config()
+  config.batch_size = batch
+  if model == 'resnet18':
+    config.model.encoder = 'resnet18'
+    config.model.encoder_kwargs = {'stem': 'cifar'}
+  return config
+
+
+def _image_shape(model: str):
+  return (32, 32, 3) if model == 'resnet18' else (28, 28, 1)
+
+
+def _build(config, mesh, model: str):
+  """(model, tx, method, init_fn, step_fn) exactly as train.py builds them."""
+  from contrastive_jax import models  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  # Fashion-MNIST: 60k / 512 = 117 steps per epoch, 4 epochs. The schedule
+  # only sets lr values, not the cost of a step.
+  steps_per_epoch = 60_000 // config.batch_size
+  total_steps = int(config.num_epochs * steps_per_epoch)
+  net = models.create_model(config)
+  tx = train.create_optimizer(config, total_steps)
+  method = train.Method.from_config(config, total_steps=total_steps,
+                                    steps_per_epoch=steps_per_epoch,
+                                    num_examples=60_000)
+  init_fn, step_fn, _ = train.create_step_fns(config, net, tx, mesh, method,
+                                              _image_shape(model))
+  return net, tx, method, init_fn, step_fn
+
+
+def run_peak() -> dict:
+  """Best-of-N GFLOP/s of a 2048^3 float32 matmul on one device."""
+  _worker_setup(1)
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  n = 2048
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+  mm = jax.jit(lambda x, y: x @ y)
+  jax.block_until_ready(mm(a, b))
+  best = min(_timed(mm, a, b, steps=8))
+  return {'peak_gflops': 2 * n**3 / best / 1e9}
+
+
+def run_step(model: str, devices: int, batch: int, steps: int) -> dict:
+  """Times the configured train step; see the module docstring."""
+  _worker_setup(devices)
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+
+  assert jax.device_count() == devices, jax.devices()
+  config = _config(model, batch)
+  mesh = train.create_mesh()
+  _, _, _, init_fn, step_fn = _build(config, mesh, model)
+  shape = _image_shape(model)
+  state = init_fn(jax.random.key(0))
+  data_sharding = NamedSharding(mesh, P('data'))
+  views = {
+      'views': jax.device_put(np.random.default_rng(0).random(
+          (batch, config.augment.num_views) + shape, np.float32),
+                              data_sharding),
+      'label': jax.device_put(np.zeros(batch, np.int32), data_sharding),
+      'index': jax.device_put(np.arange(batch, dtype=np.int32),
+                              data_sharding)}
+  rng = jax.random.key(1)
+  t0 = time.perf_counter()
+  compiled = step_fn.lower(state, views, rng).compile()
+  compile_s = time.perf_counter() - t0
+  flops_per_device = _flops(compiled)
+  for _ in range(2):
+    state, metrics = compiled(state, views, rng)
+  jax.block_until_ready(metrics)
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    state, metrics = compiled(state, views, rng)
+    jax.block_until_ready(metrics)
+    times.append(time.perf_counter() - t0)
+  assert np.isfinite(float(metrics['loss']))
+  return {'step_s': float(np.median(times)), 'min_step_s': min(times),
+          'compile_s': compile_s, 'flops_per_device': flops_per_device}
+
+
+def run_profile(steps: int) -> dict:
+  """Breaks the default 1-device step into phases and per-stage ops."""
+  _worker_setup(1)
+  import functools  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import losses  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+
+  config = _config('default', 512)
+  mesh = train.create_mesh()
+  net, _, _, init_fn, step_fn = _build(config, mesh, 'default')
+  loss_fn = functools.partial(losses.get_loss(config.loss),
+                              **config.loss_kwargs)
+  b, v = config.batch_size, config.augment.num_views
+  views = jnp.asarray(np.random.default_rng(0).random(
+      (b, v, 28, 28, 1), np.float32))
+  flat = views.reshape((b * v, 28, 28, 1))
+  state = init_fn(jax.random.key(0))
+  batch = {'views': views, 'label': jnp.zeros(b, jnp.int32),
+           'index': jnp.arange(b, dtype=jnp.int32)}
+
+  def fwd(params, x):
+    out, _ = net.apply({'params': params, 'batch_stats': state.batch_stats},
+                       x, train=True, mutable=['batch_stats'])
+    return out['projection']
+
+  def fwd_loss(params, x):
+    return loss_fn(fwd(params, x).reshape(b, v, -1))[0]
+
+  phases = {
+      'forward (train mode)': (jax.jit(fwd), (state.params, flat)),
+      'forward + loss': (jax.jit(fwd_loss), (state.params, flat)),
+      'forward + backward': (jax.jit(jax.grad(fwd_loss)),
+                             (state.params, flat)),
+      # Not donated here (the state is reused); train.py donates it.
+      'full step (+ adamw)': (jax.jit(lambda s, bt, r: step_fn(s, bt, r)),
+                              (state, batch, jax.random.key(1))),
+  }
+  out = {'phases': {}, 'layers': {}}
+  for name, (fn, args) in phases.items():
+    jax.block_until_ready(fn(*args))
+    out['phases'][name] = float(np.median(_timed(fn, *args, steps=steps)))
+
+  # Each SmallCNN stage in isolation, forward + backward (sum of outputs as
+  # the cotangent), at the shapes of the default step: 1024 images.
+  widths = config.model.encoder_kwargs.widths
+  hw, cin = 28, 1
+  rng = np.random.default_rng(1)
+  for i, w in enumerate(widths):
+    x = jnp.asarray(rng.random((b * v, hw, hw, cin), np.float32))
+    conv = nn.Conv(w, (3, 3), use_bias=False)
+    cp = conv.init(jax.random.key(0), x)
+    y = conv.apply(cp, x)
+    bn = nn.BatchNorm(use_running_average=False, momentum=0.9)
+    bp = bn.init(jax.random.key(0), y)
+
+    def conv_loss(p, x, conv=conv):
+      return jnp.sum(conv.apply(p, x))
+
+    def bn_loss(p, y, bn=bn):
+      return jnp.sum(nn.relu(bn.apply(p, y, mutable=['batch_stats'])[0]))
+
+    ops = {f'stage{i} conv 3x3 {cin}->{w} @{hw}px':
+               (jax.jit(jax.grad(conv_loss, argnums=(0, 1))), (cp, x)),
+           f'stage{i} BN+ReLU {w}ch @{hw}px':
+               (jax.jit(jax.grad(bn_loss, argnums=(0, 1))), (bp, y))}
+    if i < len(widths) - 1:
+      pool_max = lambda y: jnp.sum(nn.max_pool(y, (2, 2), strides=(2, 2)))
+      pool_avg = lambda y: jnp.sum(nn.avg_pool(y, (2, 2), strides=(2, 2)))
+      ops[f'stage{i} max_pool 2x2 {w}ch @{hw}px'] = (
+          jax.jit(jax.grad(pool_max)), (y,))
+      ops[f'  (alternative: avg_pool 2x2 {w}ch @{hw}px)'] = (
+          jax.jit(jax.grad(pool_avg)), (y,))
+    for name, (fn, args) in ops.items():
+      jax.block_until_ready(fn(*args))
+      out['layers'][name] = float(np.median(_timed(fn, *args, steps=steps)))
+    hw, cin = (hw // 2 if i < len(widths) - 1 else hw), w
+  return out
+
+
+def _subprocess(args: list[str]) -> dict:
+  proc = subprocess.run(
+      [sys.executable, os.path.abspath(__file__), '--worker'] + args,
+      capture_output=True, text=True, cwd=ROOT, check=False)
+  if proc.returncode:
+    raise RuntimeError(f'worker {args} failed:\n{proc.stderr[-3000:]}')
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--steps', type=int, default=5,
+                      help='timed steps per row (after 2 warm-up steps)')
+  parser.add_argument('--profile', action='store_true',
+                      help='only the breakdown of the default step')
+  parser.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
+  parser.add_argument('--job', default='', help=argparse.SUPPRESS)
+  args = parser.parse_args()
+
+  if args.worker:
+    job = json.loads(args.job)
+    kind = job.pop('kind')
+    fn = {'peak': run_peak, 'step': run_step, 'profile': run_profile}[kind]
+    print(json.dumps(fn(**job)))
+    return
+
+  print(f'load average before: {os.getloadavg()} on {os.cpu_count()} CPUs '
+        '(shared machine: other jobs compete for the cores)')
+  if args.profile:
+    res = _subprocess(['--job', json.dumps(
+        {'kind': 'profile', 'steps': args.steps})])
+    full = res['phases']['full step (+ adamw)']
+    print(f'\nDefault step, 1 device, 512 x 2 views of 28x28x1 '
+          f'(median of {args.steps}):')
+    for name, t in res['phases'].items():
+      print(f'  {name:<28}{t * 1e3:9.1f} ms  {100 * t / full:5.1f}%')
+    print('\nSmallCNN ops in isolation, forward + backward, 1024 images:')
+    for name, t in res['layers'].items():
+      print(f'  {name:<40}{t * 1e3:9.1f} ms  {100 * t / full:5.1f}%')
+    print(f'\nload average after: {os.getloadavg()}')
+    return
+
+  peak = _subprocess(['--job', json.dumps({'kind': 'peak'})])['peak_gflops']
+  print(f'matmul peak (2048^3 fp32, best of 8): {peak:.1f} GFLOP/s\n')
+  model_flops = {}
+  header = (f'{"model":<16}{"devices":>8}{"batch":>7}{"step ms":>10}'
+            f'{"img/s":>9}{"GFLOP/step":>12}{"GFLOP/dev":>11}{"MFU":>8}'
+            f'{"compile s":>11}')
+  print(header)
+  print('-' * len(header))
+  for label, model, devices, batch in ROWS:
+    r = _subprocess(['--job', json.dumps(
+        {'kind': 'step', 'model': model, 'devices': devices, 'batch': batch,
+         'steps': args.steps})])
+    if devices == 1:
+      model_flops[label] = r['flops_per_device']
+    flops = model_flops.get(label, r['flops_per_device'] * devices)
+    mfu = flops / r['step_s'] / (peak * 1e9)
+    print(f'{label:<16}{devices:>8}{batch:>7}{r["step_s"] * 1e3:>10.1f}'
+          f'{batch / r["step_s"]:>9.0f}{flops / 1e9:>12.1f}'
+          f'{r["flops_per_device"] / 1e9:>11.2f}{100 * mfu:>7.1f}%'
+          f'{r["compile_s"]:>11.1f}', flush=True)
+  print(f'\nbatch = instances (x2 views); step ms = median of {args.steps}; '
+        'GFLOP/step from the 1-device executable.')
+  print(f'load average after: {os.getloadavg()}')
+
+
+if __name__ == '__main__':
+  main()

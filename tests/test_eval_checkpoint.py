@@ -1,0 +1,113 @@
+"""eval_checkpoint on a tiny trained run: same kNN as training, files written."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from configs import test as test_config
+from contrastive_jax import eval_checkpoint
+from contrastive_jax import models
+from contrastive_jax import train
+from input_pipeline import pipeline
+
+PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+
+
+def _synthetic(n, seed):
+  """Four classes of 12x12 images whose brightness and stripe tell the class."""
+  rng = np.random.default_rng(seed)
+  labels = rng.integers(0, 4, n).astype(np.int32)
+  images = rng.random((n, 12, 12, 1)) * 0.3
+  images[:, :, ::2] += (labels % 2)[:, None, None, None] * 0.5
+  images += (labels // 2)[:, None, None, None] * 0.2
+  return pipeline.ArrayDataset((np.clip(images, 0, 1) * 255).astype(np.uint8),
+                               labels)
+
+
+def _noisy_labels(data, fraction, seed):
+  # Relabel a fraction of the test set at random so that accuracies are
+  # below 1 and the equality checks below are not trivially 1.0 == 1.0.
+  rng = np.random.default_rng(seed)
+  labels = data.labels.copy()
+  flip = rng.random(len(labels)) < fraction
+  labels[flip] = (labels[flip] + rng.integers(1, 4, flip.sum())) % 4
+  return pipeline.ArrayDataset(data.images, labels)
+
+
+DATA = (_synthetic(256, 0), _noisy_labels(_synthetic(64, 1), 0.3, 2))
+
+
+@pytest.fixture(scope='module')
+def evaluated(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('run'))
+  train_results = train.train_and_evaluate(test_config.get_config(), workdir,
+                                           data=DATA)
+  results = eval_checkpoint.evaluate_checkpoint(
+      workdir, data=DATA, knn_ks=(3, 10), probe_preset='cacr_small',
+      probe_epochs=2)
+  return workdir, train_results, results
+
+
+def test_knn_reproduces_the_training_run(evaluated):
+  workdir, train_results, results = evaluated
+  with open(os.path.join(workdir, 'results.json')) as f:
+    on_disk = json.load(f)
+  assert results['checkpoint_step'] == train_results['steps'] == 8
+  # Same checkpoint, same extraction: the run's k=5 accuracies exactly,
+  # whatever other k were scored in the same pass.
+  for vote in ('weighted', 'majority'):
+    key = f'knn_{vote}_top1@5'
+    assert results[key] == on_disk[f'trained/{key}']
+    assert results[key] < 1.
+  assert {'knn_weighted_top1@3', 'knn_weighted_top1@10'} <= set(results)
+  # The logistic probe is deterministic on the same features too.
+  assert results['linear_top1'] == pytest.approx(
+      on_disk['trained/linear_top1'], abs=1e-6)
+
+
+def test_files_and_diagnostics(evaluated):
+  workdir, _, results = evaluated
+  outdir = os.path.join(workdir, 'eval')
+  with open(os.path.join(outdir, 'results.json')) as f:
+    assert json.load(f) == json.loads(json.dumps(results))
+  for name in ('similarity_histogram_projection.png',
+               'similarity_histogram_features.png', 'embedding_pca.png'):
+    with open(os.path.join(outdir, name), 'rb') as f:
+      assert f.read(8) == PNG_MAGIC
+  for space in ('projection', 'features'):
+    pre = f'diagnostics/{space}/'
+    assert 0. <= results[pre + 'alignment'] <= 4.
+    assert -4. <= results[pre + 'uniformity'] <= 0.
+    assert 0. <= results[pre + 'cacr_conditional_entropy'] <= np.log(31) + 1e-5
+    assert np.exp(-4) - 1e-6 <= results[pre + 'macl_semantic_sensitivity'] <= 1.
+  assert results['diagnostics/cacr_conditional_entropy_max'] == (
+      pytest.approx(np.log(31)))      # test config: batch 32
+  assert 0. <= results['probe_cacr_small/top1_last'] <= 1.
+
+
+def test_restore_onto_another_mesh_and_explicit_step(evaluated):
+  # Written on 8 devices; read onto a 1-device mesh, older checkpoint.
+  workdir, _, _ = evaluated
+  config = eval_checkpoint.load_config(workdir)
+  assert config.model.encoder_kwargs.widths == (8, 16)     # tuples restored
+  model = models.create_model(config)
+  mesh = jax.make_mesh((1,), ('data',), devices=jax.devices()[:1])
+  variables, step = eval_checkpoint.restore_variables(
+      workdir, model, (12, 12, 1), mesh, step=6)
+  assert step == 6
+  leaf = jax.tree.leaves(variables.params)[0]
+  assert leaf.sharding.mesh.size == 1
+  latest, latest_step = eval_checkpoint.restore_variables(
+      workdir, model, (12, 12, 1), mesh)
+  assert latest_step == 8
+  # Different steps hold different weights (the restore is not a re-init).
+  assert any(not np.array_equal(a, b) for a, b in zip(
+      jax.tree.leaves(variables.params), jax.tree.leaves(latest.params)))
+
+
+def test_missing_run_is_a_clear_error(tmp_path):
+  with pytest.raises(FileNotFoundError, match='config.json'):
+    eval_checkpoint.evaluate_checkpoint(str(tmp_path), data=DATA)

@@ -1,0 +1,208 @@
+"""Encoders: shapes, parameter counts against hand counts, BN modes, bf16."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from contrastive_jax import models
+
+# Tiny widths so every forward pass compiles in seconds on CPU.
+TINY = {
+    'small_cnn': dict(widths=(4, 8)),
+    'resnet18': dict(width=4),
+    'resnet50': dict(width=4),
+    'alexnet_small': dict(widths=(4, 8, 8, 8, 4), fc_dim=16),
+}
+# Feature width of each tiny encoder: last SmallCNN width; ResNets 8 * width
+# * expansion (1 for BasicBlock, 4 for Bottleneck); AlexNet fc7.
+TINY_FEATURES = {'small_cnn': 8, 'resnet18': 32, 'resnet50': 128,
+                 'alexnet_small': 16}
+
+
+def _init(module, shape, seed=0):
+  return module.init(jax.random.key(seed), jnp.zeros(shape), train=False)
+
+
+def _count(tree) -> int:
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
+
+
+# (encoder, stem): only the ResNets have a stem option.
+SHAPE_CASES = [('small_cnn', None), ('alexnet_small', None),
+               ('resnet18', 'imagenet'), ('resnet18', 'cifar'),
+               ('resnet50', 'imagenet'), ('resnet50', 'cifar')]
+
+
+@pytest.mark.parametrize('name,stem', SHAPE_CASES)
+@pytest.mark.parametrize('shape', [(3, 28, 28, 1), (3, 32, 32, 3)])
+def test_feature_shapes(name, stem, shape):
+  kwargs = dict(TINY[name])
+  if stem is not None:
+    kwargs['stem'] = stem
+  enc = models.ENCODERS[name](**kwargs)
+  x = jax.random.uniform(jax.random.key(1), shape)
+  variables = _init(enc, shape)
+  h = enc.apply(variables, x, train=False)
+  assert h.shape == (shape[0], TINY_FEATURES[name])
+  assert h.dtype == jnp.float32
+  assert np.all(np.isfinite(h))
+
+
+@pytest.mark.parametrize('stem,last_map', [('imagenet', 1), ('cifar', 4)])
+def test_resnet_stems_set_the_resolution(stem, last_map):
+  # 32 px: the ImageNet stem divides by 4 (conv/2, pool/2) and stages 2-4 by
+  # 8 more -> 1x1; the CIFAR stem keeps 32, stages give 32/8 = 4.
+  enc = models.ResNet18(width=4, stem=stem)
+  variables = _init(enc, (2, 32, 32, 3))
+  _, inter = enc.apply(variables, jnp.zeros((2, 32, 32, 3)), train=False,
+                       capture_intermediates=True)
+  last = inter['intermediates']['stage4_block1']['__call__'][0]
+  assert last.shape == (2, last_map, last_map, 32)
+  k = 7 if stem == 'imagenet' else 3
+  assert variables['params']['conv_stem']['kernel'].shape == (k, k, 3, 4)
+
+
+def _resnet_param_count(stage_sizes, bottleneck, *, width=64, in_ch=3,
+                        stem_k=7):
+  """Counts conv kernels and BN (scale, bias) of a torchvision ResNet."""
+  n = stem_k * stem_k * in_ch * width + 2 * width       # stem conv + BN
+  c_in = width
+  for i, blocks in enumerate(stage_sizes):
+    f = width * 2**i
+    for j in range(blocks):
+      if bottleneck:
+        out = 4 * f
+        n += c_in * f + 9 * f * f + f * out + 2 * (f + f + out)
+      else:
+        out = f
+        n += 9 * c_in * f + 9 * f * f + 2 * (f + f)
+      if c_in != out or (i > 0 and j == 0):            # projection shortcut
+        n += c_in * out + 2 * out
+      c_in = out
+  return n
+
+
+def test_resnet_hand_count_matches_torchvision():
+  # torchvision resnet18/50 have 11,689,512 / 25,557,032 parameters including
+  # the 1000-way fc (F * 1000 weights + 1000 biases).
+  assert _resnet_param_count((2, 2, 2, 2), False) == 11_689_512 - 513_000
+  assert _resnet_param_count((3, 4, 6, 3), True) == 25_557_032 - 2_049_000
+
+
+@pytest.mark.parametrize('name,stage_sizes,bottleneck,expected', [
+    ('resnet18', (2, 2, 2, 2), False, 11_176_512),
+    ('resnet50', (3, 4, 6, 3), True, 23_508_032),
+])
+@pytest.mark.parametrize('stem', ['imagenet', 'cifar'])
+def test_full_size_parameter_counts(name, stage_sizes, bottleneck, expected,
+                                    stem):
+  enc = models.ENCODERS[name](stem=stem)
+  # eval_shape: shapes only, no compile or allocation of 25M parameters.
+  variables = jax.eval_shape(functools.partial(_init, enc, (1, 224, 224, 3)))
+  stem_k = 7 if stem == 'imagenet' else 3
+  count = _count(variables['params'])
+  assert count == _resnet_param_count(stage_sizes, bottleneck, stem_k=stem_k)
+  if stem == 'imagenet':
+    assert count == expected
+  else:
+    # Only the stem kernel changes: (7*7 - 3*3) * 3 * 64 fewer weights.
+    assert count == expected - 40 * 3 * 64
+  # Running statistics: mean and var for every BN channel (= BN params).
+  assert _count(variables['batch_stats']) == sum(
+      _count(v) for k, v in _flatten(variables['params']).items()
+      if k[-1] in ('scale', 'bias'))
+
+
+def _flatten(tree, prefix=()):
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(_flatten(v, prefix + (k,)))
+    else:
+      out[prefix + (k,)] = v
+  return out
+
+
+def test_alexnet_small_full_size_parameter_count():
+  # conv1..5 (3x3, no bias) + BN, fc6 (192*3*3 -> 4096) and fc7 (4096 ->
+  # 4096) without bias + BN1d: the CACR / Wang & Isola encoder at 32 px.
+  chans = [3, 96, 192, 384, 384, 192]
+  expected = sum(9 * a * b + 2 * b for a, b in zip(chans[:-1], chans[1:]))
+  expected += 192 * 3 * 3 * 4096 + 2 * 4096 + 4096 * 4096 + 2 * 4096
+  variables = jax.eval_shape(functools.partial(
+      _init, models.SmallAlexNet(), (1, 32, 32, 3)))
+  assert _count(variables['params']) == expected
+  assert variables['params']['fc6']['kernel'].shape == (192 * 9, 4096)
+
+
+def test_batchnorm_train_uses_batch_statistics_and_updates_running_ones():
+  enc = models.ResNet18(width=4, stem='cifar')
+  shape = (6, 8, 8, 3)
+  x = jax.random.normal(jax.random.key(2), shape) * 3. + 1.
+  variables = _init(enc, shape)
+  # Stem conv output computed independently with lax.conv.
+  kernel = variables['params']['conv_stem']['kernel']
+  conv = jax.lax.conv_general_dilated(
+      x, kernel, (1, 1), ((1, 1), (1, 1)),
+      dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+  _, updated = enc.apply(variables, x, train=True, mutable=['batch_stats'])
+  stats = updated['batch_stats']['bn_stem']
+  # momentum 0.9 from the initial (mean 0, var 1).
+  np.testing.assert_allclose(stats['mean'], 0.1 * conv.mean((0, 1, 2)),
+                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(stats['var'],
+                             0.9 + 0.1 * conv.var((0, 1, 2)), rtol=1e-4)
+
+  # Eval mode: per-example outputs do not depend on the rest of the batch;
+  # train mode (batch statistics) they do.
+  def per_example(train, batch):
+    out = enc.apply(variables, batch, train=train,
+                    mutable=['batch_stats'] if train else False)
+    return (out[0] if train else out)[0]
+
+  other = x.at[1:].set(x[1:] * 5.)
+  np.testing.assert_allclose(per_example(False, x), per_example(False, other),
+                             rtol=1e-5, atol=1e-6)
+  assert not np.allclose(per_example(True, x), per_example(True, other),
+                         atol=1e-3)
+  # Eval mode with fresh statistics (mean 0, var 1) differs from train mode.
+  assert not np.allclose(per_example(False, x), per_example(True, x),
+                         atol=1e-3)
+
+
+@pytest.mark.parametrize('name', ['resnet18', 'resnet50', 'alexnet_small'])
+def test_bfloat16_compute_keeps_float32_params_and_features(name):
+  shape = (4, 16, 16, 3)
+  x = jax.random.uniform(jax.random.key(3), shape)
+  fp32 = models.ENCODERS[name](**TINY[name])
+  bf16 = models.ENCODERS[name](**TINY[name], dtype=jnp.bfloat16)
+  variables = _init(fp32, shape)
+  assert jax.tree.structure(variables) == jax.tree.structure(
+      _init(bf16, shape))
+  assert all(p.dtype == jnp.float32
+             for p in jax.tree.leaves(_init(bf16, shape)))
+  ref = fp32.apply(variables, x, train=False)
+  got = bf16.apply(variables, x, train=False)
+  assert got.dtype == jnp.float32
+  # bf16 has an 8-bit mantissa (rel. error ~4e-3 per op); a few layers stay
+  # within a few percent of the norm but are not bit-identical.
+  err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+  assert 0 < err < 0.05
+
+
+@pytest.mark.parametrize('name', sorted(TINY))
+def test_create_model_by_name(name):
+  config = ml_collections.ConfigDict({'model': {
+      'encoder': name, 'encoder_kwargs': TINY[name], 'head_hidden_dim': 8,
+      'head_out_dim': 5, 'head_layers': 3}})
+  model = models.create_model(config)
+  variables = _init(model, (2, 28, 28, 1))
+  out = model.apply(variables, jnp.ones((2, 28, 28, 1)), train=False)
+  assert out['features'].shape == (2, TINY_FEATURES[name])
+  assert out['projection'].shape == (2, 5)
+  assert set(variables['params']['head']) == {'dense0', 'bn0', 'dense1',
+                                              'bn1', 'dense2'}

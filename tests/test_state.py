@@ -1,0 +1,90 @@
+"""The pure state updates: EMA, momentum schedule, queue, memory bank.
+
+References are independent numpy computations (closed forms, a numpy ring
+buffer), never values taken from the implementation.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from contrastive_jax import state as state_lib
+
+
+def _tree(seed):
+  rng = np.random.default_rng(seed)
+  return {'conv': {'kernel': rng.normal(size=(3, 3, 1, 4)).astype(np.float32)},
+          'bn': {'scale': rng.normal(size=(4,)).astype(np.float32)}}
+
+
+@pytest.mark.parametrize('m', [0., 0.25, 0.9, 1.])
+def test_ema_update_is_the_convex_combination(m):
+  target, online = _tree(0), _tree(1)
+  out = state_lib.ema_update(target, online, m)
+  for path in (('conv', 'kernel'), ('bn', 'scale')):
+    t, o = target[path[0]][path[1]], online[path[0]][path[1]]
+    got = np.asarray(out[path[0]][path[1]])
+    if m == 1.:
+      np.testing.assert_array_equal(got, t)     # Unchanged, exactly.
+    elif m == 0.:
+      np.testing.assert_array_equal(got, o)     # A copy, exactly.
+    else:
+      np.testing.assert_allclose(got, m * t + (1 - m) * o, rtol=1e-6)
+
+
+def test_ema_update_passes_no_gradient_to_the_online_params():
+  target, online = _tree(0), _tree(1)
+  grad = jax.grad(lambda o: sum(
+      jnp.sum(x) for x in jax.tree.leaves(
+          state_lib.ema_update(target, o, 0.5))))(online)
+  for g in jax.tree.leaves(grad):
+    np.testing.assert_array_equal(g, 0.)
+
+
+def test_momentum_schedules():
+  f = lambda s, sched: float(state_lib.momentum_schedule(
+      s, base=0.99, total_steps=100, schedule=sched))
+  assert f(37, 'constant') == pytest.approx(0.99)
+  assert f(0, 'cosine') == pytest.approx(0.99, abs=1e-7)
+  assert f(100, 'cosine') == pytest.approx(1., abs=1e-7)
+  assert f(50, 'cosine') == pytest.approx(0.995, abs=1e-7)
+  assert f(25, 'cosine') == pytest.approx(
+      1 - 0.01 * (math.cos(math.pi / 4) + 1) / 2, abs=1e-7)
+  with pytest.raises(ValueError, match='unknown momentum schedule'):
+    state_lib.momentum_schedule(0, base=0.9, total_steps=1, schedule='linear')
+
+
+def test_queue_wraps_like_a_numpy_ring_buffer():
+  q_size, b, d = 12, 4, 3
+  queue = state_lib.init_queue(jax.random.key(0), q_size, d)
+  np.testing.assert_allclose(np.linalg.norm(queue, axis=1), 1., rtol=1e-6)
+  ref, ref_ptr = np.asarray(queue).copy(), 0
+  ptr = jnp.zeros((), jnp.int32)
+  enqueue = jax.jit(state_lib.enqueue)
+  rng = np.random.default_rng(0)
+  for step in range(7):                 # 7 * 4 = 28 rows: wraps twice.
+    keys = rng.normal(size=(b, d)).astype(np.float32)
+    queue, ptr = enqueue(queue, ptr, keys)
+    for row in keys:                    # Oldest out first, one row at a time.
+      ref[ref_ptr] = row
+      ref_ptr = (ref_ptr + 1) % q_size
+    assert int(ptr) == ref_ptr == (step + 1) * b % q_size
+    np.testing.assert_array_equal(np.asarray(queue), ref)
+  assert enqueue._cache_size() == 1     # ptr is traced: one compilation.
+
+
+def test_bank_update_moves_only_the_batch_rows():
+  bank = state_lib.init_bank(jax.random.key(1), 10, 4)
+  old = np.asarray(bank)
+  index = np.array([7, 2, 5], np.int32)
+  feats = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
+  new = np.asarray(state_lib.update_bank(bank, index, feats, 0.5))
+  for i, row in zip(index, feats):
+    want = 0.5 * old[i] + 0.5 * row / np.linalg.norm(row)
+    np.testing.assert_allclose(new[i], want / np.linalg.norm(want), rtol=1e-5,
+                               atol=1e-6)
+  others = np.setdiff1d(np.arange(10), index)
+  np.testing.assert_array_equal(new[others], old[others])

@@ -1,0 +1,254 @@
+"""The train step: device-count invariance, EMA, queue, bank, no recompiles.
+
+One process, 8 virtual CPU devices (conftest); a 1-device mesh is built from
+`jax.devices()[:1]`. Tolerance of the 1-vs-8-device comparison: rtol 1e-4,
+atol 1e-5 * max(1, max |x|) per float32 array. Only the summation order of the cross-device
+reductions (BN statistics, gradients, the loss mean) differs, which moves
+results by a few float32 ulps per step; the optimizer is SGD so that these
+ulps are not amplified the way Adam's first step amplifies a near-zero
+gradient (g / (|g| + eps)).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from configs import test as test_config
+from contrastive_jax import losses
+from contrastive_jax import models
+from contrastive_jax import train
+
+B, HW, N_DATA, TOTAL = 16, 8, 40, 10
+
+
+def _config(kind):
+  c = test_config.get_config()
+  c.model.encoder_kwargs.widths = (4, 8)
+  c.model.head_hidden_dim = 16
+  c.model.head_out_dim = 8
+  c.batch_size = B
+  c.optimizer.name = 'sgd'
+  c.optimizer.base_learning_rate = 2.
+  c.optimizer.weight_decay = 1e-4
+  c.moco.queue_size = 0
+  if kind == 'simclr':
+    c.loss, c.loss_kwargs = 'ntxent', {'temperature': 0.2}
+  elif kind == 'moco_v2':
+    c.method, c.loss = 'moco', 'infonce'
+    c.loss_kwargs = {'temperature': 0.2, 'in_batch_negatives': False}
+    c.moco.momentum, c.moco.queue_size = 0.9, 3 * B
+  elif kind == 'insdis':
+    c.method, c.loss = 'memory_bank', 'insdis'
+    c.loss_kwargs = {'temperature': 0.1}
+    c.augment.num_views = 1
+    c.memory_bank.num_negatives = 24
+  elif kind == 'jcl':
+    c.method, c.loss = 'moco', 'jcl'
+    c.loss_kwargs = {'temperature': 0.2, 'lam': 4.}
+    c.augment.num_views = 3
+    c.moco.momentum, c.moco.momentum_schedule = 0.9, 'cosine'
+    c.moco.key_views, c.moco.queue_size = (1, 2), 2 * B
+    c.moco.lambda_ramp = True
+  else:
+    raise ValueError(kind)
+  train.validate_config(c)
+  return c
+
+
+def _build(config, mesh):
+  model = models.create_model(config)
+  tx = train.create_optimizer(config, TOTAL)
+  method = train.Method.from_config(config, total_steps=TOTAL,
+                                    steps_per_epoch=2, num_examples=N_DATA)
+  init_fn, step_fn, _ = train.create_step_fns(config, model, tx, mesh, method,
+                                              (HW, HW, 1))
+  return model, init_fn, step_fn
+
+
+def _batch(config, mesh, step):
+  rng = np.random.default_rng(step)
+  v = config.augment.num_views
+  host = {'views': rng.random((B, v, HW, HW, 1), np.float32),
+          'label': rng.integers(0, 4, B).astype(np.int32),
+          'index': rng.permutation(N_DATA)[:B].astype(np.int32)}
+  return {k: jax.device_put(x, NamedSharding(mesh, P('data')))
+          for k, x in host.items()}
+
+
+def _run(config, mesh, steps=2):
+  _, init_fn, step_fn = _build(config, mesh)
+  rng = jax.random.key(3)
+  state = init_fn(jax.random.key(0))
+  init = jax.device_get(state)
+  metrics = []
+  for s in range(steps):
+    state, m = step_fn(state, _batch(config, mesh, s), rng)
+    metrics.append(jax.device_get(m))
+  return init, state, metrics, step_fn
+
+
+def _close(a, b):
+  # atol scales with the array's magnitude (params grow to ~20 in 2 steps).
+  b = np.asarray(b)
+  np.testing.assert_allclose(np.asarray(a), b, rtol=1e-4,
+                             atol=1e-5 * max(1., float(np.max(np.abs(b)))))
+
+
+@pytest.mark.parametrize('kind', ['simclr', 'moco_v2', 'insdis', 'jcl'])
+def test_one_device_and_eight_devices_agree(kind):
+  config = _config(kind)
+  mesh1 = train.create_mesh(jax.devices()[:1])
+  mesh8 = train.create_mesh()
+  assert mesh1.size == 1 and mesh8.size == 8
+  init, s1, m1, _ = _run(config, mesh1)
+  _, s8, m8, _ = _run(config, mesh8)
+  if s8.queue is not None:
+    assert s8.queue.sharding.spec == P('data', None)
+    assert int(s1.queue_ptr) == int(s8.queue_ptr) == 2 * B % \
+        config.moco.queue_size
+  if s8.bank is not None:
+    assert s8.bank.sharding.spec == P('data', None)
+  s1, s8 = jax.device_get(s1), jax.device_get(s8)
+  # The step did something (lr is 0 on the first, warmup, step only).
+  moved = max(float(np.max(np.abs(a - b))) for a, b in zip(
+      jax.tree.leaves(init.params), jax.tree.leaves(s1.params)))
+  assert moved > 1e-3
+  jax.tree.map(_close, s1, s8)       # params, key params, queue, bank, ...
+  for a, b in zip(m1, m8):
+    assert a.keys() == b.keys()
+    for k in a:
+      _close(a[k], b[k])
+      assert np.isfinite(a[k])
+
+
+@pytest.mark.parametrize('momentum', [0., 1.])
+def test_ema_in_the_step(momentum):
+  config = _config('moco_v2')
+  config.moco.momentum = momentum
+  mesh = train.create_mesh()
+  _, init_fn, step_fn = _build(config, mesh)
+  rng = jax.random.key(3)
+  state = init_fn(jax.random.key(0))
+  init = jax.device_get(state)
+  state, _ = step_fn(state, _batch(config, mesh, 0), rng)
+  before = jax.device_get(state)      # The online params after step 1.
+  state, _ = step_fn(state, _batch(config, mesh, 1), rng)
+  after = jax.device_get(state)
+  moved = any(not np.array_equal(a, b) for a, b in zip(
+      jax.tree.leaves(before.params), jax.tree.leaves(after.params)))
+  assert moved
+  # momentum 1: the key encoder never moves from its init (a copy of the
+  # online init); momentum 0: it is the online encoder the step started from.
+  want = init.params if momentum == 1. else before.params
+  jax.tree.map(np.testing.assert_array_equal, after.key_params, want)
+
+
+def test_queue_receives_the_normalised_keys_at_the_pointer():
+  # With momentum 0 the keys of step 2 come from the online params after step
+  # 1: recompute them directly with the model and compare with the queue.
+  config = _config('moco_v2')
+  config.moco.momentum = 0.
+  mesh = train.create_mesh(jax.devices()[:1])
+  model, init_fn, step_fn = _build(config, mesh)
+  rng = jax.random.key(3)
+  state = init_fn(jax.random.key(0))
+  queue0 = np.asarray(state.queue)
+  state, _ = step_fn(state, _batch(config, mesh, 0), rng)
+  s1 = jax.device_get(state)
+  batch = _batch(config, mesh, 1)
+  state, _ = step_fn(state, batch, rng)
+  out, _ = model.apply({'params': s1.params, 'batch_stats': s1.key_batch_stats},
+                       np.asarray(batch['views'])[:, 1], train=True,
+                       mutable=['batch_stats'])
+  k = np.asarray(out['projection'], np.float64)
+  k /= np.linalg.norm(k, axis=1, keepdims=True)
+  queue = np.asarray(state.queue)
+  np.testing.assert_allclose(queue[B:2 * B], k, rtol=1e-4, atol=1e-5)
+  np.testing.assert_array_equal(queue[2 * B:], queue0[2 * B:])  # Untouched.
+  assert int(state.queue_ptr) == 2 * B
+
+
+def test_memory_bank_rows_of_the_batch_are_updated():
+  config = _config('insdis')
+  mesh = train.create_mesh(jax.devices()[:1])
+  model, init_fn, step_fn = _build(config, mesh)
+  state = init_fn(jax.random.key(0))
+  s0 = jax.device_get(state)
+  batch = _batch(config, mesh, 0)
+  state, _ = step_fn(state, batch, jax.random.key(3))
+  out, _ = model.apply({'params': s0.params, 'batch_stats': s0.batch_stats},
+                       np.asarray(batch['views'])[:, 0], train=True,
+                       mutable=['batch_stats'])
+  f = np.asarray(out['projection'], np.float64)
+  f /= np.linalg.norm(f, axis=1, keepdims=True)
+  idx = np.asarray(batch['index'])
+  want = 0.5 * s0.bank[idx] + 0.5 * f
+  want /= np.linalg.norm(want, axis=1, keepdims=True)
+  bank = np.asarray(state.bank)
+  np.testing.assert_allclose(bank[idx], want, rtol=1e-4, atol=1e-5)
+  rest = np.setdiff1d(np.arange(bank.shape[0]), idx)
+  np.testing.assert_array_equal(bank[rest], s0.bank[rest])
+
+
+def test_shuffle_bn():
+  # On one device per-device BN is global BN and the permutation is undone:
+  # the same step. On 8 devices (2 keys per device) the keys differ.
+  config = _config('moco_v2')
+  shuffled = _config('moco_v2')
+  shuffled.moco.shuffle_bn = True
+  mesh1 = train.create_mesh(jax.devices()[:1])
+  _, a, ma, _ = _run(config, mesh1)
+  _, b, mb, _ = _run(shuffled, mesh1)
+  jax.tree.map(_close, jax.device_get(a), jax.device_get(b))
+  _close(ma[-1]['loss'], mb[-1]['loss'])
+  _, c, mc, _ = _run(shuffled, train.create_mesh())
+  assert np.isfinite(mc[-1]['loss'])
+  assert abs(float(mc[-1]['pos_sim']) - float(ma[-1]['pos_sim'])) > 1e-3
+
+
+def test_no_recompilation_between_steps():
+  # JCL has the most traced per-step scalars: the cosine momentum, the lambda
+  # ramp and the queue pointer.
+  config = _config('jcl')
+  _, _, metrics, step_fn = _run(config, train.create_mesh(), steps=4)
+  assert step_fn._cache_size() == 1
+  lams = [float(m['lam']) for m in metrics]
+  # lambda_t = 4 (epoch + 1) / ceil(num_epochs=1): 4 from the first epoch on.
+  np.testing.assert_allclose(lams, [4., 4., 4., 4.])
+  moms = [float(m['momentum']) for m in metrics]
+  np.testing.assert_allclose(
+      moms, [1 - 0.1 * (np.cos(np.pi * s / TOTAL) + 1) / 2 for s in range(4)],
+      rtol=1e-6)
+
+
+def test_lambda_ramp_per_epoch():
+  config = _config('jcl')
+  config.num_epochs = 4.
+  method = train.Method.from_config(config, total_steps=8, steps_per_epoch=2,
+                                    num_examples=N_DATA)
+  got = [float(method.lam_at(jnp.int32(s))) for s in range(8)]
+  np.testing.assert_allclose(got, [1., 1., 2., 2., 3., 3., 4., 4.])
+
+
+@pytest.mark.parametrize('change, match', [
+    (dict(method='moco', loss='infonce', queue_size=24), 'multiple of'),
+    (dict(method='nope'), 'unknown method'),
+    (dict(method='in_batch', loss='infonce'), 'cannot be fed'),
+    (dict(loss='ntxent', use_labels=True), 'takes no labels'),
+    (dict(method='moco', loss='infonce', key_views=(2,)), 'view ids'),
+    (dict(method='memory_bank', loss='insdis'), 'one view'),
+])
+def test_bad_method_configs_fail_early(change, match):
+  c = test_config.get_config()
+  for k in ('method', 'loss', 'use_labels'):
+    if k in change:
+      c[k] = change[k]
+  if 'queue_size' in change:
+    c.moco.queue_size = change['queue_size']
+  if 'key_views' in change:
+    c.moco.key_views = change['key_views']
+  with pytest.raises(ValueError, match=match):
+    train.validate_config(c)
