@@ -239,11 +239,24 @@ def run_profile(steps: int) -> dict:
           jax.jit(jax.grad(pool_max)), (y,))
       ops[f'  (alternative: avg_pool 2x2 {w}ch @{hw}px)'] = (
           jax.jit(jax.grad(pool_avg)), (y,))
+      ops[f'  (alternative: reshape+max 2x2 {w}ch @{hw}px)'] = (
+          jax.jit(jax.grad(lambda y: jnp.sum(_reshape_max_pool(y)))), (y,))
     for name, (fn, args) in ops.items():
       jax.block_until_ready(fn(*args))
       out['layers'][name] = float(np.median(_timed(fn, *args, steps=steps)))
     hw, cin = (hw // 2 if i < len(widths) - 1 else hw), w
   return out
+
+
+def _reshape_max_pool(x):
+  """2x2/2 VALID max-pool as reshape + max: same forward as nn.max_pool.
+
+  Its gradient is an elementwise compare-and-select instead of XLA's
+  select-and-scatter, which is slow on CPU (see --profile).
+  """
+  b, h, w, c = x.shape
+  x = x[:, :h // 2 * 2, :w // 2 * 2]
+  return x.reshape(b, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
 
 
 def _subprocess(args: list[str]) -> dict:
@@ -261,6 +274,8 @@ def main():
                       help='timed steps per row (after 2 warm-up steps)')
   parser.add_argument('--profile', action='store_true',
                       help='only the breakdown of the default step')
+  parser.add_argument('--models', default='default,resnet18-cifar',
+                      help='comma-separated row labels to run')
   parser.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
   parser.add_argument('--job', default='', help=argparse.SUPPRESS)
   args = parser.parse_args()
@@ -297,11 +312,15 @@ def main():
   print(header)
   print('-' * len(header))
   for label, model, devices, batch in ROWS:
+    if label not in args.models.split(','):
+      continue
     r = _subprocess(['--job', json.dumps(
         {'kind': 'step', 'model': model, 'devices': devices, 'batch': batch,
          'steps': args.steps})])
     if devices == 1:
       model_flops[label] = r['flops_per_device']
+    # Without a 1-device row, per-device FLOPs x devices (counts any work
+    # the partitioner replicates, so an upper bound of the model FLOPs).
     flops = model_flops.get(label, r['flops_per_device'] * devices)
     mfu = flops / r['step_s'] / (peak * 1e9)
     print(f'{label:<16}{devices:>8}{batch:>7}{r["step_s"] * 1e3:>10.1f}'

@@ -176,3 +176,27 @@ def test_every_method_config_runs_end_to_end(name, tmp_path):
     assert np.shape(ckpt['queue']) == (64, 8) and int(ckpt['queue_ptr']) == 0
   if config.method == 'memory_bank':
     assert np.shape(ckpt['bank']) == (64, 8)
+
+
+def test_killed_moco_run_resumes_queue_pointer_and_key_encoder(tmp_path):
+  # MoCo v2 with a queue and key encoder; 4 steps, killed after step 2.
+  config = _config()
+  config.method, config.loss = 'moco', 'infonce'
+  config.loss_kwargs = {'temperature': 0.2, 'in_batch_negatives': False}
+  config.moco.momentum, config.moco.queue_size = 0.9, 96
+  config.model.encoder_kwargs.widths = (4,)
+  config.eval.baselines = False
+  full, killed = str(tmp_path / 'full'), str(tmp_path / 'killed')
+  data = (DATA[0].__class__(DATA[0].images[:128], DATA[0].labels[:128]),
+          DATA[1])
+  train.train_and_evaluate(config, full, data=data)
+  shutil.copytree(full, killed)
+  for step in os.listdir(os.path.join(killed, 'checkpoints')):
+    if step.isdigit() and int(step) > 2:
+      shutil.rmtree(os.path.join(killed, 'checkpoints', step))
+  assert train.train_and_evaluate(config, killed,
+                                  data=data)['resumed_from_step'] == 2
+  (sa, a), (sb, b) = _final_params(full), _final_params(killed)
+  assert sa == sb == 4 and int(a['queue_ptr']) == 4 * 32 % 96
+  assert a['key_params'] is not None and np.shape(a['queue']) == (96, 16)
+  jax.tree.map(np.testing.assert_array_equal, a, b)   # Bit-identical.
