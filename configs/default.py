@@ -25,18 +25,23 @@ def get_config() -> ml_collections.ConfigDict:
   config.augment = ml_collections.ConfigDict()
   config.augment.preset = 'fmnist'
   config.augment.num_views = 2
+  # Per-view field overrides: one dict for all views or one per view, e.g.
+  # ({'blur_p': 1.0}, {'blur_p': 0.1, 'solarize_p': 0.2}).
+  config.augment.overrides = ()
 
   config.model = ml_collections.ConfigDict()
   config.model.encoder = 'small_cnn'
+  # pool='none': evaluate the flattened last map (3x3x256); the head reads
+  # its global average.
   config.model.encoder_kwargs = ml_collections.ConfigDict(
-      {'widths': (32, 64, 128, 256)})
+      {'widths': (32, 64, 128, 256), 'pool': 'none'})
   config.model.head_hidden_dim = 512
   config.model.head_out_dim = 128
   config.model.head_layers = 2
 
   # A loss from contrastive_jax.losses.LOSSES and its keyword arguments.
   config.loss = 'ntxent'
-  config.loss_kwargs = ml_collections.ConfigDict({'temperature': 0.2})
+  config.loss_kwargs = ml_collections.ConfigDict({'temperature': 0.1})
 
   # How a batch becomes the loss's inputs (contrastive_jax/train.py, Method):
   # 'in_batch' (all views through the online encoder; SimCLR-style), 'moco'
@@ -65,7 +70,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.momentum = 0.9           # sgd and lars only.
   config.optimizer.warmup_fraction = 0.05   # Of all steps.
 
-  config.batch_size = 512                   # Instances; each gives num_views.
+  config.batch_size = 256                   # Instances; each gives num_views.
   config.num_epochs = 4.0
 
   config.log_every_steps = 20

@@ -424,7 +424,7 @@ def validate_config(config, num_devices: int | None = None) -> None:
   """Checks everything that can be checked before data or compilation."""
   losses.get_loss(config.loss)
   v = config.augment.num_views
-  augment.get_views(config.augment.preset, v)
+  augment.build_views(config.augment.preset, v, config.augment.overrides)
   n = jax.device_count() if num_devices is None else num_devices
   b = config.batch_size
   if b % n:
@@ -516,8 +516,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   total_steps = max(1, int(config.num_epochs * batches.steps_per_epoch))
   model = models.create_model(config)
   tx = create_optimizer(config, total_steps)
-  views_cfg = augment.get_views(config.augment.preset,
-                                config.augment.num_views)
+  views_cfg = augment.build_views(config.augment.preset,
+                                  config.augment.num_views,
+                                  config.augment.overrides)
   image_shape = train_data.images.shape[1:]
   method = Method.from_config(config, total_steps=total_steps,
                               steps_per_epoch=batches.steps_per_epoch,
