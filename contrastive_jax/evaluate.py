@@ -97,7 +97,7 @@ def plot_run(history, results, path: str) -> None:
     ax_loss.plot([h['step'] for h in history], [h['loss'] for h in history])
   ax_loss.set(xlabel='step', ylabel='training loss', title='Pretraining loss')
   accs = {k: v for k, v in results.items()
-          if isinstance(v, float) and ('top1' in k)}
+          if isinstance(v, float) and 'top1' in k and 'train_top1' not in k}
   names = sorted(accs)
   ax_acc.barh(range(len(names)), [100 * accs[n] for n in names])
   ax_acc.set_yticks(range(len(names)), names, fontsize=7)

@@ -69,7 +69,9 @@ class ViewConfig:
 
 # V is bounded because every view is a full forward pass per step; 10 covers
 # the papers (CACR/CMC K+1 = 5, TCL 3, multi-crop 2 + 8 local).
-MIN_VIEWS, MAX_VIEWS = 2, 10
+# One view suffices for memory-bank methods (InsDis: the bank holds the other
+# side of each pair); the issue asks for up to 10.
+MIN_VIEWS, MAX_VIEWS = 1, 10
 
 
 def resolve_size(size, input_hw: Sequence[int]) -> tuple[int, int]:

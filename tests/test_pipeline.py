@@ -290,7 +290,7 @@ def test_build_views_from_an_ml_collections_config():
 
 
 @pytest.mark.parametrize('kwargs, match', [
-    (dict(num_views=1), 'out of range'),
+    (dict(num_views=0), 'out of range'),
     (dict(num_views=11), 'out of range'),
     (dict(num_views=2, overrides=({'blurr_p': 1.},)), 'unknown ViewConfig'),
     (dict(num_views=3, overrides=({}, {})), '2 view overrides for 3'),

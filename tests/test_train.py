@@ -96,8 +96,10 @@ def test_workdir_of_another_config_is_refused_untouched(full_run):
   workdir, _ = full_run
   before = sorted(os.listdir(os.path.join(workdir, 'checkpoints')))
   config = _config()
-  config.loss_kwargs.temperature = 0.5
-  with pytest.raises(ValueError, match=r'different config \(loss_kwargs.temperature: 0.2 -> 0.5\)'):
+  old = config.loss_kwargs.temperature
+  config.loss_kwargs.temperature = old + 0.5
+  with pytest.raises(ValueError, match=rf'different config \(loss_kwargs.'
+                     rf'temperature: {old} -> {old + 0.5}\)'):
     train.train_and_evaluate(config, workdir, data=DATA)
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == before
 
