@@ -11,9 +11,13 @@ global batch), the augmentation and the jitted train step:
   2. two processes joined by `jax.distributed.initialize` on localhost, with 4
      virtual devices each;
 
-and compares every leaf of the final states and the metrics (rtol 1e-4, atol
-1e-5 * max(1, max|x|): the same mesh shape and program, so only collective
-reduction order may differ). Too slow for the pytest budget (three JAX
+and compares every leaf of the final states and the metrics (rtol 1e-3, atol
+1e-4 * max(1, max|x|)): the same mesh shape and program, so only the order of
+cross-device sums may differ (in-process all-reduce vs Gloo across processes),
+and float32 rounding differences of ~1e-7 grow to ~1e-4 of a leaf's scale in
+optimizer traces after a few steps (seen: 1.5e-4 on a BN-scale momentum trace
+of InsDis). A real sharding bug (a batch or queue row in the wrong place, a
+missing all-reduce) shows up as an O(1) relative difference. Too slow for the pytest budget (three JAX
 processes, each compiling two steps), so `.ci/run` calls it separately.
 """
 
@@ -150,8 +154,8 @@ def main():
             print(f'{kind}: {k} differs (integer)')
             ok = False
           continue
-        tol = 1e-5 * max(1., float(np.max(np.abs(x))) if x.size else 1.)
-        err = np.abs(x.astype(np.float64) - y) - 1e-4 * np.abs(x)
+        tol = 1e-4 * max(1., float(np.max(np.abs(x))) if x.size else 1.)
+        err = np.abs(x.astype(np.float64) - y) - 1e-3 * np.abs(x)
         excess = float(np.max(err)) if x.size else 0.
         worst = max(worst, excess / tol)
         if excess > tol:

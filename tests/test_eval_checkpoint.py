@@ -12,19 +12,9 @@ from contrastive_jax import eval_checkpoint
 from contrastive_jax import models
 from contrastive_jax import train
 from input_pipeline import pipeline
+import synthetic_data
 
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
-
-
-def _synthetic(n, seed):
-  """Four classes of 12x12 images whose brightness and stripe tell the class."""
-  rng = np.random.default_rng(seed)
-  labels = rng.integers(0, 4, n).astype(np.int32)
-  images = rng.random((n, 12, 12, 1)) * 0.3
-  images[:, :, ::2] += (labels % 2)[:, None, None, None] * 0.5
-  images += (labels // 2)[:, None, None, None] * 0.2
-  return pipeline.ArrayDataset((np.clip(images, 0, 1) * 255).astype(np.uint8),
-                               labels)
 
 
 def _noisy_labels(data, fraction, seed):
@@ -37,7 +27,8 @@ def _noisy_labels(data, fraction, seed):
   return pipeline.ArrayDataset(data.images, labels)
 
 
-DATA = (_synthetic(256, 0), _noisy_labels(_synthetic(64, 1), 0.3, 2))
+DATA = (synthetic_data.stripes_and_brightness(256, 0),
+        _noisy_labels(synthetic_data.stripes_and_brightness(64, 1), 0.3, 2))
 
 
 @pytest.fixture(scope='module')

@@ -13,23 +13,13 @@ import pytest
 
 from configs import test as test_config
 from contrastive_jax import train
-from input_pipeline import pipeline
+import synthetic_data
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _synthetic(n, seed):
-  """Four classes of 12x12 images whose brightness and stripe tell the class."""
-  rng = np.random.default_rng(seed)
-  labels = rng.integers(0, 4, n).astype(np.int32)
-  images = rng.random((n, 12, 12, 1)) * 0.3
-  images[:, :, ::2] += (labels % 2)[:, None, None, None] * 0.5
-  images += (labels // 2)[:, None, None, None] * 0.2
-  return pipeline.ArrayDataset((np.clip(images, 0, 1) * 255).astype(np.uint8),
-                               labels)
-
-
-DATA = (_synthetic(256, 0), _synthetic(64, 1))
+DATA = (synthetic_data.stripes_and_brightness(256, 0),
+        synthetic_data.stripes_and_brightness(64, 1))
 
 
 def _config():
@@ -144,7 +134,8 @@ def test_main_requires_workdir():
 METHOD_CONFIGS = ('simclr', 'moco_v2', 'moco_v3', 'insdis', 'cmc', 'supcon',
                   'tcl_sup', 'tcl_ssl', 'cacr_k1', 'cacr_k4', 'cacr_moco',
                   'macl', 'jcl', 'au_cl', 'hn_cl', 'dcl')
-TINY_DATA = (_synthetic(64, 2), _synthetic(32, 3))
+TINY_DATA = (synthetic_data.stripes_and_brightness(64, 2),
+             synthetic_data.stripes_and_brightness(32, 3))
 
 
 @pytest.mark.parametrize('name', METHOD_CONFIGS)
