@@ -90,6 +90,17 @@ def get_config() -> ml_collections.ConfigDict:
   config.log_every_steps = 20
   config.checkpoint_every_steps = 100
 
+  # Online monitors during pretraining (labelled "online/" everywhere): a
+  # linear head on stop-gradient backbone features, trained with the labels,
+  # and a periodic weighted kNN on fixed subsets. Neither affects training.
+  config.online = ml_collections.ConfigDict()
+  config.online.linear_probe = True
+  config.online.probe_learning_rate = 1e-3
+  config.online.knn_every_steps = 200                  # 0: off.
+  config.online.knn_k = 20
+  config.online.knn_bank_size = 10000
+  config.online.knn_num_queries = 2000
+
   config.eval = ml_collections.ConfigDict()
   config.eval.batch_size = 1024
   config.eval.knn_ks = (200,)

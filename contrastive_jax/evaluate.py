@@ -86,6 +86,29 @@ def evaluate_all(config, model, states: dict, train_data, test_data, mesh
   return results
 
 
+def online_knn(config, model, state, train_data, test_data, mesh
+               ) -> dict[str, float]:
+  """The periodic online kNN monitor on fixed subsets of the data.
+
+  Bank: the first `config.online.knn_bank_size` training examples; queries:
+  the first `config.online.knn_num_queries` test examples (un-augmented).
+  Cheaper than the final evaluation and labelled `online/` so that the two
+  are never confused.
+  """
+  oc = config.online
+  sub = lambda d, n: pipeline.ArrayDataset(d.images[:n], d.labels[:n])
+  bank, queries = sub(train_data, oc.knn_bank_size), sub(test_data,
+                                                        oc.knn_num_queries)
+  feats = [extract_features(model, state, d, mesh, config.eval.batch_size)
+           for d in (bank, queries)]
+  num_classes = max(train_data.num_classes, test_data.num_classes)
+  k = min(oc.knn_k, bank.num_examples)
+  res = knn.knn_evaluate(feats[0], bank.labels, feats[1], queries.labels,
+                         num_classes=num_classes, ks=(k,),
+                         temperature=config.eval.knn_temperature, mesh=mesh)
+  return {f'online/knn_top1@{k}': float(res[f'knn_weighted_top1@{k}'])}
+
+
 def plot_run(history, results, path: str) -> None:
   """Writes a PNG: the loss curve and a bar chart of the final accuracies."""
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -93,6 +116,7 @@ def plot_run(history, results, path: str) -> None:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+  history = [h for h in history if 'loss' in h]
   if history:
     ax_loss.plot([h['step'] for h in history], [h['loss'] for h in history])
   ax_loss.set(xlabel='step', ylabel='training loss', title='Pretraining loss')

@@ -6,7 +6,9 @@ does not use are None (no leaves), so they cost nothing in checkpoints:
   * `key_params`, `key_batch_stats`: the EMA key encoder (method 'moco');
   * `queue` [Q, D] and `queue_ptr`: MoCo's ring buffer of past keys ('moco'
     with queue_size > 0);
-  * `bank` [num_examples, D]: InsDis/CMC's memory bank ('memory_bank').
+  * `bank` [num_examples, D]: InsDis/CMC's memory bank ('memory_bank');
+  * `probe_params`, `probe_opt_state`: the online linear monitor
+    (`config.online.linear_probe`).
 
 Every function here is pure: arrays in, arrays out, no state, so the train step
 stays a pure function of (state, batch) and resuming is exact.
@@ -37,6 +39,8 @@ class TrainState:
   queue_ptr: jax.Array | None = None  # ... r // B (mod Q / B); int32 scalar.
   bank: jax.Array | None = None   # [num_rows, D] memory bank (rows >= data
                                   # size are padding, never read).
+  probe_params: Any = None        # Online monitor: linear classifier on the
+  probe_opt_state: Any = None     # stop-gradient backbone features.
 
 
 def ema_update(target: Any, online: Any, momentum: jax.Array | float) -> Any:

@@ -138,11 +138,15 @@ class Method:
   num_examples: int
   bank_momentum: float
   num_negatives: int
+  # Online linear monitor (0 classes: off).
+  probe_classes: int = 0
+  probe_learning_rate: float = 1e-3
 
   @classmethod
   def from_config(cls, config, *, total_steps: int, steps_per_epoch: int,
-                  num_examples: int) -> 'Method':
+                  num_examples: int, num_classes: int = 0) -> 'Method':
     mc, mb = config.moco, config.memory_bank
+    probe = config.online.linear_probe and num_classes > 1
     return cls(
         name=config.method, loss=config.loss,
         use_labels=bool(config.use_labels), total_steps=total_steps,
@@ -153,7 +157,9 @@ class Method:
         lambda_ramp=bool(mc.lambda_ramp),
         lam=float(config.loss_kwargs.get('lam', 0.)),
         num_examples=num_examples, bank_momentum=float(mb.momentum),
-        num_negatives=int(mb.num_negatives))
+        num_negatives=int(mb.num_negatives),
+        probe_classes=num_classes if probe else 0,
+        probe_learning_rate=float(config.online.probe_learning_rate))
 
   @property
   def has_key_encoder(self) -> bool:
@@ -166,6 +172,43 @@ class Method:
     epoch = (step // self.steps_per_epoch).astype(jnp.float32)
     epochs = float(max(math.ceil(self.num_epochs), 1))
     return self.lam * jnp.minimum((epoch + 1.) / epochs, 1.)
+
+
+def _probe_tx(method: Method) -> optax.GradientTransformation:
+  return optax.adam(method.probe_learning_rate)
+
+
+def online_probe_step(probe_params, probe_opt_state, features, labels, *,
+                      method: Method):
+  """One step of the online linear monitor on frozen features.
+
+  Args:
+    probe_params: {'w': [F, C], 'b': [C]}.
+    probe_opt_state: its Adam state.
+    features: [B, F] backbone features of the batch (one view).
+    labels: [B] int class ids.
+    method: for the learning rate.
+
+  Returns:
+    (probe_params, probe_opt_state, metrics) with `online/linear_acc` (top-1
+    on this batch, before the update) and `online/linear_loss`.
+  """
+  # The monitor must not train the encoder: labels would leak into what is
+  # meant to be self-supervised pretraining (BYOL's online classifier is
+  # trained on stop_gradient features for the same reason).
+  features = jax.lax.stop_gradient(features.astype(jnp.float32))
+
+  def loss_fn(p):
+    logits = features @ p['w'] + p['b']
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits, labels).mean(), logits
+
+  (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      probe_params)
+  updates, probe_opt_state = _probe_tx(method).update(grads, probe_opt_state)
+  metrics = {'online/linear_acc': jnp.mean(jnp.argmax(logits, -1) == labels),
+             'online/linear_loss': loss}
+  return optax.apply_updates(probe_params, updates), probe_opt_state, metrics
 
 
 def bank_rows(num_examples: int, num_devices: int) -> int:
@@ -194,6 +237,13 @@ def create_train_state(rng, *, model, tx, image_shape, method: Method,
   if method.name == 'memory_bank':
     state = state.replace(bank=state_lib.init_bank(
         bank_rng, bank_rows(method.num_examples, num_devices), out_dim))
+  if method.probe_classes:
+    feature_dim = model.apply(variables, jnp.zeros((1,) + tuple(image_shape)),
+                              train=False)['features'].shape[-1]
+    probe = {'w': jnp.zeros((feature_dim, method.probe_classes)),
+             'b': jnp.zeros((method.probe_classes,))}
+    state = state.replace(probe_params=probe,
+                          probe_opt_state=_probe_tx(method).init(probe))
   return state
 
 
@@ -303,7 +353,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array],
     positives = jax.lax.stop_gradient(state.bank[index])[:, None]
 
   def objective(params):
-    z, _, batch_stats = _forward(
+    z, features, batch_stats = _forward(
         model, {'params': params, 'batch_stats': state.batch_stats},
         query_views)
     if method.name == 'in_batch':
@@ -323,9 +373,9 @@ def train_step(state: TrainState, batch: dict[str, jax.Array],
                                 num_data=method.num_examples)
       else:
         loss, metrics = loss_fn(z, queue=negatives)
-    return loss, (metrics, batch_stats, z)
+    return loss, (metrics, batch_stats, z, features)
 
-  (loss, (metrics, batch_stats, z)), grads = jax.value_and_grad(
+  (loss, (metrics, batch_stats, z, features)), grads = jax.value_and_grad(
       objective, has_aux=True)(state.params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
@@ -345,6 +395,12 @@ def train_step(state: TrainState, batch: dict[str, jax.Array],
                                         method.bank_momentum)
   if method.lambda_ramp:
     extra_metrics['lam'] = method.lam_at(state.step)
+  if method.probe_classes:
+    (new['probe_params'], new['probe_opt_state'],
+     probe_metrics) = online_probe_step(
+         state.probe_params, state.probe_opt_state, features[:, 0], labels,
+         method=method)
+    extra_metrics.update(probe_metrics)
 
   metrics = dict(metrics, **extra_metrics, loss=loss,
                  grad_norm=optax.global_norm(grads))
@@ -522,7 +578,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   image_shape = train_data.images.shape[1:]
   method = Method.from_config(config, total_steps=total_steps,
                               steps_per_epoch=batches.steps_per_epoch,
-                              num_examples=train_data.num_examples)
+                              num_examples=train_data.num_examples,
+                              num_classes=train_data.num_classes)
 
   rng = jax.random.key(config.seed)
   init_rng, aug_rng, step_rng = jax.random.split(rng, 3)
@@ -573,6 +630,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       logging.info('step %d/%d  loss %.4f  %.0f img/s  ETA %s', done,
                    total_steps, scalars['loss'], ips, _fmt_time(eta))
       last_logged, last_time = done, now
+    every = config.online.knn_every_steps
+    if every and (done % every == 0 or done == total_steps):
+      online = evaluate.online_knn(config, model, state, train_data,
+                                   test_data, mesh)
+      writer.write_scalars(done, online)
+      if history and history[-1]['step'] == done:
+        history[-1].update(online)
+      else:
+        history.append({'step': done, **online})
+      logging.info('step %d  %s', done, online)
     if done % config.checkpoint_every_steps == 0 or done == total_steps:
       checkpointing.save(manager, done, state)
       _save_history(workdir, history)
@@ -585,11 +652,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       train_data, test_data, mesh)
   results.update(steps=total_steps, train_seconds=round(train_seconds, 1),
                  resumed_from_step=restored_step)
-  if history:
-    results['final_loss'] = history[-1]['loss']
+  logged = [h for h in history if 'loss' in h]
+  if logged:
+    results['final_loss'] = logged[-1]['loss']
     results['images_per_sec'] = float(np.median(
-        [h['images_per_sec'] for h in history[1:]] or
-        [history[-1]['images_per_sec']]))
+        [h['images_per_sec'] for h in logged[1:]] or
+        [logged[-1]['images_per_sec']]))
+  for h in reversed(history):   # The last online monitor values, labelled.
+    for k, v in h.items():
+      if k.startswith('online/'):
+        results.setdefault(k, v)
   writer.write_scalars(total_steps, {k: v for k, v in results.items()
                                      if isinstance(v, float)})
   writer.flush()

@@ -1,0 +1,85 @@
+"""Online monitors: the linear probe never touches the encoder; both log."""
+
+import json
+import os
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from configs import test as test_config
+from contrastive_jax import models
+from contrastive_jax import train
+import synthetic_data
+
+B, HW, CLASSES = 16, 8, 4
+
+
+def _step_fns(probe: bool):
+  config = test_config.get_config()
+  config.model.encoder_kwargs.widths = (4, 8)
+  config.batch_size = B
+  config.online.linear_probe = probe
+  mesh = train.create_mesh()
+  model = models.create_model(config)
+  tx = train.create_optimizer(config, 10)
+  method = train.Method.from_config(config, total_steps=10, steps_per_epoch=5,
+                                    num_examples=80, num_classes=CLASSES)
+  init_fn, step_fn, _ = train.create_step_fns(config, model, tx, mesh, method,
+                                              (HW, HW, 1))
+  return mesh, init_fn, step_fn
+
+
+def _batch(mesh, step):
+  rng = np.random.default_rng(step)
+  host = {'views': rng.random((B, 2, HW, HW, 1), np.float32),
+          'label': rng.integers(0, CLASSES, B).astype(np.int32),
+          'index': np.arange(B, dtype=np.int32)}
+  return {k: jax.device_put(v, NamedSharding(mesh, P('data')))
+          for k, v in host.items()}
+
+
+def test_probe_trains_itself_and_leaves_the_encoder_untouched():
+  runs = {}
+  for probe in (False, True):
+    mesh, init_fn, step_fn = _step_fns(probe)
+    state = init_fn(jax.random.key(0))
+    for step in range(3):
+      state, metrics = step_fn(state, _batch(mesh, step), jax.random.key(1))
+    runs[probe] = (jax.device_get(state), jax.device_get(metrics))
+  (off, m_off), (on, m_on) = runs[False], runs[True]
+  assert off.probe_params is None and 'online/linear_acc' not in m_off
+  # Stop-gradient: the encoder, head, BN statistics and optimizer state
+  # evolve exactly as without the monitor (only XLA fusion may differ).
+  for name in ('params', 'batch_stats', 'opt_state'):
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6,
+                                                         atol=1e-7),
+                 getattr(off, name), getattr(on, name))
+  np.testing.assert_allclose(m_on['loss'], m_off['loss'], rtol=1e-6)
+  assert np.any(on.probe_params['w'] != 0)     # It did learn something.
+  assert 0. <= m_on['online/linear_acc'] <= 1.
+  assert np.isfinite(m_on['online/linear_loss'])
+
+
+def test_online_monitors_are_logged_and_reported(tmp_path):
+  config = test_config.get_config()           # 256 / 32 = 8 steps.
+  config.online.linear_probe = True
+  config.online.knn_every_steps = 4
+  config.online.knn_k = 5
+  config.online.knn_bank_size = 128
+  config.online.knn_num_queries = 32
+  config.eval.baselines = False
+  data = (synthetic_data.stripes_and_brightness(256, 0),
+          synthetic_data.stripes_and_brightness(64, 1))
+  results = train.train_and_evaluate(config, str(tmp_path), data=data)
+  with open(os.path.join(tmp_path, 'history.json')) as f:
+    history = json.load(f)
+  knn_steps = [h['step'] for h in history if 'online/knn_top1@5' in h]
+  assert knn_steps == [4, 8]
+  probe_steps = [h['step'] for h in history if 'online/linear_acc' in h]
+  assert probe_steps == [2, 4, 6, 8]
+  assert 0. <= results['online/knn_top1@5'] <= 1.
+  assert 0. <= results['online/linear_acc'] <= 1.
+  # The final (offline) evaluation keeps its own, unprefixed names.
+  assert 'trained/knn_weighted_top1@5' in results
