@@ -135,6 +135,15 @@ def create_model(config) -> ContrastiveModel:
 _conv_init = nn.initializers.variance_scaling(2.0, 'fan_out', 'normal')
 
 
+def _conv_and_norm(dtype, train: bool):
+  """The bias-free conv and the BatchNorm every ResNet block uses."""
+  conv = functools.partial(nn.Conv, use_bias=False, dtype=dtype,
+                           kernel_init=_conv_init)
+  norm = functools.partial(nn.BatchNorm, use_running_average=not train,
+                           momentum=0.9, epsilon=1e-5, dtype=dtype)
+  return conv, norm
+
+
 class BasicBlock(nn.Module):
   """Two 3x3 convs (ResNet-18/34). Output width `filters`."""
   filters: int
@@ -146,10 +155,7 @@ class BasicBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, *, train: bool):
-    conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype,
-                             kernel_init=_conv_init)
-    norm = functools.partial(nn.BatchNorm, use_running_average=not train,
-                             momentum=0.9, epsilon=1e-5, dtype=self.dtype)
+    conv, norm = _conv_and_norm(self.dtype, train)
     y = conv(self.filters, (3, 3), (self.strides, self.strides),
              padding=((1, 1), (1, 1)), name='conv1')(x)
     y = nn.relu(norm(name='bn1')(y))
@@ -176,10 +182,7 @@ class Bottleneck(nn.Module):
 
   @nn.compact
   def __call__(self, x, *, train: bool):
-    conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype,
-                             kernel_init=_conv_init)
-    norm = functools.partial(nn.BatchNorm, use_running_average=not train,
-                             momentum=0.9, epsilon=1e-5, dtype=self.dtype)
+    conv, norm = _conv_and_norm(self.dtype, train)
     out = self.filters * self.expansion
     y = nn.relu(norm(name='bn1')(conv(self.filters, (1, 1), name='conv1')(x)))
     y = conv(self.filters, (3, 3), (self.strides, self.strides),

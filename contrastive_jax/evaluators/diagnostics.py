@@ -205,7 +205,12 @@ def similarity_histograms(z_a, z_b, *, labels=None, bins: int = 50,
   if labels is not None:
     keep = labels[i] != labels[j]
     i, j = i[keep], j[keep]
-  negative = np.einsum('nd,nd->n', a[i], b[j])
+  # In chunks: gathering all pairs at once would hold 2 x num_pairs x D
+  # float64 values (18 GB for 1M pairs of 2304-d features).
+  chunk = max(1, (1 << 24) // max(a.shape[1], 1))
+  negative = np.concatenate(
+      [np.einsum('nd,nd->n', a[i[s:s + chunk]], b[j[s:s + chunk]])
+       for s in range(0, len(i), chunk)] or [np.zeros(0)])
   edges = np.linspace(-1., 1., bins + 1)
   pos_hist, _ = np.histogram(np.clip(positive, -1, 1), edges, density=True)
   neg_hist = (np.histogram(np.clip(negative, -1, 1), edges, density=True)[0]
