@@ -251,3 +251,20 @@ def infonce(query, positive, negatives, *, temperature):
                         / temperature))
     vals.append(-np.log(pos / (pos + neg)))
   return float(np.mean(vals))
+
+
+def stress_inputs(kind, shape, seed=9):
+  """Hard inputs for finiteness tests: 'aligned' (all nearly one direction),
+  'duplicates' (every view of an instance equal, instances 0 and 1 equal), or
+  plain random otherwise (callers cast that to bfloat16 for 'bf16')."""
+  rng = np.random.default_rng(seed)
+  n, v, d = shape
+  if kind == 'aligned':
+    x = 1e-3 * rng.normal(size=shape)
+    x[..., 0] += 1.
+  elif kind == 'duplicates':
+    x = np.repeat(rng.normal(size=(n, 1, d)), v, axis=1)
+    x[1] = x[0]
+  else:
+    x = rng.normal(size=shape)
+  return x

@@ -150,15 +150,7 @@ def test_check_grads_and_no_gradient_into_keys_or_queue():
 
 @pytest.mark.parametrize('kind', ['aligned', 'bf16', 'duplicates'])
 def test_finite_loss_and_grads(kind):
-  rng = np.random.default_rng(9)
-  if kind == 'aligned':
-    x = 1e-3 * rng.normal(size=(8, 5, 16))
-    x[..., 0] += 1.
-  elif kind == 'duplicates':
-    x = np.repeat(rng.normal(size=(8, 1, 16)), 5, axis=1)
-    x[1] = x[0]
-  else:
-    x = rng.normal(size=(8, 5, 16))
+  x = ref.stress_inputs(kind, (8, 5, 16))
   dtype = jnp.bfloat16 if kind == 'bf16' else jnp.float32
   query, key = jnp.asarray(x[:, :1], dtype), jnp.asarray(x[:, 1:], dtype)
   queue = jnp.asarray(x[:, 1], jnp.float32)
