@@ -5,9 +5,21 @@ Command (from the repository root, 8 virtual CPU devices):
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \
     python main.py --config=configs/au_cl.py --workdir=workdir/au_cl
 
-Expected: UNMEASURED (no full run of this config has been made yet); a 4-epoch Fashion-MNIST run with the small CNN should land near the default SimCLR run's kNN accuracy (README "Results").
+Expected: not measured yet. The study (python -m benchmarks.reproduce; results
+in benchmarks/REPORT.md) trains this config for 2 epochs with 3 seeds; its mean
++- std replaces this line when it has finished.
 
 Defaults (notes/cacr.md Sec. 2.10): alpha = 2, t = 2, weight 1; no temperature.
+
+Inherited from configs/default.py and so different from the paper: the small
+CNN (4 conv stages, 32-256 channels; the flattened 3x3x256 map is the evaluated
+representation; a 512-128 MLP head), AdamW (lr 1e-3 * B / 256, 5% warmup then
+cosine, wd 1e-4), batch 256, 4 epochs, and the 'fmnist' augmentation (crop
+0.3-1, flip, brightness/contrast jitter, random erasing) on 28x28 grayscale
+Fashion-MNIST. The paper used an AlexNet-style encoder (CACR's small-scale
+setup, batch 768, 200 epochs), SGD lr 0.12 * B / 256 with momentum 0.9, and
+Wang & Isola's augmentation (random resized crop 0.2-1, flip, colour jitter
+0.4, grayscale 0.2).
 """
 
 import ml_collections

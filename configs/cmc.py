@@ -5,13 +5,24 @@ Command (from the repository root, 8 virtual CPU devices):
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \
     python main.py --config=configs/cmc.py --workdir=workdir/cmc
 
-Expected: UNMEASURED (no full run of this config has been made yet); a 4-epoch Fashion-MNIST run with the small CNN should land near the default SimCLR run's kNN accuracy (README "Results").
+Expected: not measured yet. The study (python -m benchmarks.reproduce; results
+in benchmarks/REPORT.md) trains this config for 2 epochs with 3 seeds; its mean
++- std replaces this line when it has finished.
 
 Paper: tau = 0.07, full graph over views (eq. 8), memory-bank negatives
 (16384 on ImageNet; 4096 here). Deviations: the 4 views are 4 augmentations
 of the same image (the paper used colour channels, L/ab, depth, ...) with one
 shared encoder, and the bank holds one row per image (the normalised mean of
 its views' embeddings) rather than one bank per view.
+
+Inherited from configs/default.py and so different from the paper: the small
+CNN (4 conv stages, 32-256 channels; the flattened 3x3x256 map is the evaluated
+representation; a 512-128 MLP head), AdamW (lr 1e-3 * B / 256, 5% warmup then
+cosine, wd 1e-4), batch 256, 4 epochs, and the 'fmnist' augmentation (crop
+0.3-1, flip, brightness/contrast jitter, random erasing) on 28x28 grayscale
+Fashion-MNIST. The paper used one encoder per view (AlexNet/ResNet halves on L
+and ab colour channels), SGD lr 0.03 with momentum 0.9, and crop + flip on the
+colour-split views.
 """
 
 import ml_collections

@@ -5,13 +5,25 @@ Command (from the repository root, 8 virtual CPU devices):
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \
     python main.py --config=configs/jcl.py --workdir=workdir/jcl
 
-Expected: UNMEASURED (no full run of this config has been made yet); a 4-epoch Fashion-MNIST run with the small CNN should land near the default SimCLR run's kNN accuracy (README "Results").
+Expected: not measured yet. The study (python -m benchmarks.reproduce; results
+in benchmarks/REPORT.md) trains this config for 2 epochs with 3 seeds; its mean
++- std replaces this line when it has finished.
 
 Paper/code (notes/jcl.md Sec. 0): tau = 0.2, 1 query crop + M' = 4 key crops
 (the released script), lambda ramped per epoch to lambda_max, queue of key
 means. lambda_max = 4.0 (the paper's ablation value; the released ImageNet
 script uses 2.0). Q = 4096 and m = 0.99 as in configs/moco_v2.py; shuffle-BN
 over the concatenated key crops, as in the code.
+
+Inherited from configs/default.py and so different from the paper: the small
+CNN (4 conv stages, 32-256 channels; the flattened 3x3x256 map is the evaluated
+representation; a 512-128 MLP head), AdamW (lr 1e-3 * B / 256, 5% warmup then
+cosine, wd 1e-4), batch 256, 4 epochs, and the 'fmnist' augmentation (crop
+0.3-1, flip, brightness/contrast jitter, random erasing) on 28x28 grayscale
+Fashion-MNIST. The paper used ResNet-50 with a 2048-2048-128 MLP head, SGD lr
+0.03 (cosine, momentum 0.9, wd 1e-4), batch 256, 200 epochs, MoCo v2's
+augmentation (random resized crop 0.2-1, colour jitter p 0.8, grayscale 0.2,
+blur 0.5, flip), queue 65,536 and m = 0.999.
 """
 
 import ml_collections

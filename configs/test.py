@@ -1,6 +1,9 @@
 """A tiny config for tests: a few steps of a narrow CNN on small batches.
 
   python main.py --config=configs/test.py --workdir=/tmp/cjax_test
+
+Not any paper's recipe: configs/default.py (its docstring lists how that
+differs from SimCLR) shrunk for speed; its numbers mean nothing.
 """
 
 from configs import default

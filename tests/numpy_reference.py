@@ -106,12 +106,19 @@ def infonce(query, key, queue, tau, in_batch=True):
 
 
 def insdis(query, key, queue, tau, num_data, lam, nce_z=None):
-  """Wu et al. 2018: NCE with uniform noise, MC estimate of Z, proximal term."""
-  f, v, noise = unit(query)[:, 0], unit(key)[:, 0], unit(queue)
-  n, m = f.shape[0], noise.shape[0]
+  """Wu et al. 2018: NCE with uniform noise, MC estimate of Z, proximal term.
+
+  `queue` is [m, D] (noise shared by the batch) or [N, m, D] (instance i's
+  own noise rows queue[i], as lemniscate's NCEAverage draws them).
+  """
+  f, v = unit(query)[:, 0], unit(key)[:, 0]
+  n = f.shape[0]
+  queue = np.asarray(queue, np.float64)
+  noise = [unit(queue[i] if queue.ndim == 3 else queue) for i in range(n)]
+  m = noise[0].shape[0]
   if nce_z is None:
     # Z ~ num_data * E_j exp(v_j . f / tau), averaged over the whole batch.
-    nce_z = num_data * np.mean([math.exp(f[i] @ noise[k] / tau)
+    nce_z = num_data * np.mean([math.exp(f[i] @ noise[i][k] / tau)
                                 for i in range(n) for k in range(m)])
   pn = 1. / num_data
   total = 0.
@@ -120,7 +127,7 @@ def insdis(query, key, queue, tau, num_data, lam, nce_z=None):
     h = p / (p + m * pn)
     term = -math.log(h)
     for k in range(m):
-      pk = math.exp(f[i] @ noise[k] / tau) / nce_z
+      pk = math.exp(f[i] @ noise[i][k] / tau) / nce_z
       term -= math.log(1. - pk / (pk + m * pn))
     term += lam * float(np.sum((f[i] - v[i]) ** 2))
     total += term

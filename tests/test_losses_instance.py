@@ -190,6 +190,39 @@ def test_insdis_proximal_term_pulls_query_to_bank_row():
   np.testing.assert_allclose(m['proximal'], prox, rtol=1e-5)
 
 
+@pytest.mark.parametrize('nce_z', [None, 321.])
+def test_insdis_per_instance_noise_matches_reference(nce_z):
+  # Each instance has its own noise rows ([N, m, D]), as lemniscate draws them.
+  q, k = rand(5, 1, 8, seed=33), rand(5, 1, 8, seed=34)
+  noise = rand(5, 6, 8, seed=35)
+  loss, m = J(instance.insdis, q, k, queue=noise, num_data=700,
+              temperature=0.1, nce_z=nce_z, proximal_weight=3.)
+  want, z_est = ref.insdis(q, k, noise, 0.1, 700, 3., nce_z=nce_z)
+  np.testing.assert_allclose(loss, want, **TOL)
+  np.testing.assert_allclose(m['nce_z'], z_est, rtol=1e-5)
+  # Per-instance noise is not the shared one: instance 0's rows for all.
+  shared, _ = J(instance.insdis, q, k, queue=noise[0], num_data=700,
+                temperature=0.1, nce_z=nce_z, proximal_weight=3.)
+  np.testing.assert_allclose(
+      shared, ref.insdis(q, k, noise[0], 0.1, 700, 3., nce_z=nce_z)[0], **TOL)
+  assert abs(float(shared) - float(loss)) > 1e-3
+  # Identical rows for every instance reduce to the shared form.
+  tiled, _ = J(instance.insdis, q, k, queue=np.stack([noise[0]] * 5),
+               num_data=700, temperature=0.1, nce_z=nce_z, proximal_weight=3.)
+  np.testing.assert_allclose(tiled, shared, **TOL)
+
+
+def test_insdis_per_instance_noise_gets_no_gradient():
+  q, k = rand(4, 1, 6, seed=36), rand(4, 1, 6, seed=37)
+  noise = rand(4, 3, 6, seed=38)
+  gq, gk, gnoise = ref.grads_with_fd_check(
+      lambda a, b, c: instance.insdis(a, b, queue=c, num_data=100,
+                                      temperature=0.5, nce_z=80.),
+      q, k, noise)
+  assert np.all(np.asarray(gk) == 0) and np.all(np.asarray(gnoise) == 0)
+  assert np.any(np.asarray(gq) != 0)
+
+
 def test_insdis_rejects_bad_inputs():
   q = rand(4, 1, 8)
   with pytest.raises(ValueError, match='needs noise rows'):
@@ -200,6 +233,8 @@ def test_insdis_rejects_bad_inputs():
     J(instance.insdis, rand(4, 2, 8), q, queue=rand(3, 8), num_data=10)
   with pytest.raises(ValueError, match=r'queue must have shape \[Q, 8\]'):
     J(instance.insdis, q, q, queue=rand(3, 7), num_data=10)
+  with pytest.raises(ValueError, match=r'shape \[4, m, 8\]'):
+    J(instance.insdis, q, q, queue=rand(3, 5, 8), num_data=10)
 
 
 # -------------------------------------------------------------------- cmc ---

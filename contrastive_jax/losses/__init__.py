@@ -9,6 +9,7 @@ unknown name).
     >>> loss, metrics = losses.ntxent(z, temperature=0.1)   # z: [N, V, D]
 """
 
+import inspect
 from collections.abc import Callable
 
 # Modules are named by idea, not by method, so that the method names below
@@ -41,3 +42,16 @@ def get_loss(name: str) -> Callable:
   except KeyError:
     raise ValueError(f'unknown loss {name!r}; known losses: '
                      f'{", ".join(sorted(LOSSES))}.') from None
+
+
+def default_kwarg(name: str, kwarg: str):
+  """The default of keyword argument `kwarg` in loss `name`'s signature.
+
+  The loss's signature is the one place a default lives; callers that need it
+  outside a call (e.g. `train.Method` for JCL's lambda) read it from here.
+  """
+  param = inspect.signature(get_loss(name)).parameters.get(kwarg)
+  if param is None or param.default is inspect.Parameter.empty:
+    raise ValueError(f'loss {name!r} has no keyword argument {kwarg!r} with a '
+                     'default.')
+  return param.default

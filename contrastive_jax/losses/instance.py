@@ -242,18 +242,21 @@ def insdis(query: jax.Array, key: jax.Array, *, queue: jax.Array,
   Args:
     query: [N, 1, D] current embeddings f_i (gradients flow here).
     key: [N, 1, D] memory-bank rows of the same N instances (the positives).
-    queue: [m, D] memory-bank rows sampled uniformly as noise (m >= 1; the
-      paper uses m = 4096). No gradient reaches key or queue.
+    queue: noise rows sampled uniformly from the memory bank, either
+      [N, m, D] (m rows per instance, drawn independently for each: the
+      reference lemniscate code's NCEAverage) or [m, D] (one set shared by
+      the batch). m >= 1; the paper uses m = 4096. No gradient reaches key
+      or queue.
     num_data: n, the number of instances in the data set (the bank size).
     temperature: tau (0.07 in the paper).
     nce_z: optional fixed normalising constant Z > 0; None estimates it from
       the batch as described above.
     proximal_weight: lambda of the proximal regulariser lambda *
       ||v_i^{(t)} - v_i^{(t-1)}||^2 (squared, as in the paper; the slides
-      drop the square). The slides give no value; 50 is the strongest
-      setting of the paper's proximal ablation as I recall it (not verified
-      against the paper text here). The released lemniscate code has no
-      proximal term: pass 0 to match it.
+      drop the square). NOT VERIFIED: the slides give no value, and 50 is
+      the strongest setting of the paper's proximal ablation as recalled,
+      not checked against the paper's text. The released lemniscate code
+      has no proximal term: pass 0 to match it.
 
   Returns:
     (loss, metrics): scalar loss; metrics hold `pos_sim`, `neg_sim`, `acc`
@@ -264,12 +267,20 @@ def insdis(query: jax.Array, key: jax.Array, *, queue: jax.Array,
   common.check_views(query, 'query', min_views=1, max_views=1)
   common.check_views(key, 'key', min_views=1, max_views=1)
   if queue is None:
-    raise ValueError('insdis needs noise rows: pass queue=[m, D] sampled from '
-                     'the memory bank.')
-  _check_key_inputs(query, key, queue)
-  _check_temperature(temperature)
+    raise ValueError('insdis needs noise rows: pass queue=[N, m, D] or '
+                     '[m, D] sampled from the memory bank.')
+  per_instance = jnp.ndim(queue) == 3
+  _check_key_inputs(query, key, None)
   n, _, d = query.shape
-  m = queue.shape[0]
+  if per_instance:
+    if tuple(jnp.shape(queue))[::2] != (n, d):
+      raise ValueError(f'per-instance noise must have shape [{n}, m, {d}] '
+                       f'(instances, samples, dim); got shape '
+                       f'{tuple(jnp.shape(queue))}.')
+  else:
+    common.check_queue(queue, d)
+  _check_temperature(temperature)
+  m = queue.shape[-2]
   if m < 1:
     raise ValueError(f'insdis needs at least one noise row; got queue shape '
                      f'{tuple(queue.shape)}.')
@@ -280,7 +291,15 @@ def insdis(query: jax.Array, key: jax.Array, *, queue: jax.Array,
   # The bank row is last epoch's feature, a stored constant: no gradient.
   v = common.l2_normalize(jax.lax.stop_gradient(key))[:, 0]
   s_pos = jnp.sum(f * v, axis=-1)                          # [N]
-  noise_logit = _queue_logits(f, queue, temperature)       # [N, m]
+  if per_instance:
+    # Same normalisation as `_queue_logits`, row by row of each instance's
+    # own [m, D] noise: no gradient reaches the bank rows.
+    noise = jax.lax.stop_gradient(jnp.asarray(queue, jnp.float32))
+    inv_norm = jax.lax.rsqrt(jnp.maximum(jnp.sum(noise * noise, -1), 1e-12))
+    noise_logit = (jnp.einsum('nd,nmd->nm', f, noise) * inv_norm
+                   / temperature)                          # [N, m]
+  else:
+    noise_logit = _queue_logits(f, queue, temperature)     # [N, m]
   if nce_z is None:
     log_z = (math.log(num_data) + jax.nn.logsumexp(noise_logit)
              - math.log(n * m))

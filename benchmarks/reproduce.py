@@ -1,0 +1,732 @@
+r"""The papers' comparisons at small scale: a resumable study and its report.
+
+    python -m benchmarks.reproduce              # run what is missing, report
+    python -m benchmarks.reproduce --report     # only regenerate the report
+    python -m benchmarks.reproduce --plan       # list the runs and their state
+    python -m benchmarks.reproduce --quick      # whole pipeline, ~3 min, tmp dir
+
+Long: start it in the background from the repository root and let it run;
+interrupt it at any time and start it again (it continues where it stopped):
+
+    nohup nice -n 19 .venv/bin/python -m benchmarks.reproduce \
+        > /tmp/study.log 2>&1 &
+
+What a run is. One (method x seed x dataset variant), trained and evaluated
+by the real entry point, `main.py`, in a subprocess under `nice -n 19` with 8
+virtual CPU devices and `--config.xxx` overrides, one run at a time. Its
+workdir is `workdir/reproduce/<run id>-<hash of its command>` (checkpoints: an
+interrupted run resumes). A finished run writes
+`benchmarks/reproduce_results/<run id>.json` (committed to the repository):
+config, overrides, seed, variant, the evaluated split's kNN and linear
+accuracy, training seconds, steps, git commit. A run whose JSON exists with
+the same overrides is skipped. After every run, `benchmarks/REPORT.md` and
+`benchmarks/report.png` are regenerated from whatever has finished.
+
+Protocol (the same for every run; hyperparameters are each config's, i.e. the
+papers' as notes/*.md give them):
+* data: Fashion-MNIST's training split minus a fixed stratified validation
+  holdout of 10,000 (`config.dataset.validation_size`), i.e. 50,000 images;
+  scored on the test split (10,000). No choice is made in this study (no
+  method is tuned), so the test split is only reported; the validation split
+  is held out so that these runs train on exactly the data that recipe
+  choices (made on validation) see.
+* the default encoder (small CNN, flattened 3x3x256 map as representation),
+  batch 256, AdamW (lr 1e-3 * B / 256, warmup + cosine), and the 'fmnist'
+  augmentation for every method (configs/tcl_sup.py's own 'tcl_fmnist' preset
+  is overridden, for the same augmentation everywhere);
+* the same number of epochs, `EPOCHS`, for every run on the regular data.
+  Multi-view methods (CMC and CACR K = 4: 4 and 5 views; TCL self-sup: 3;
+  JCL: 1 query + 4 keys) process their extra views, as in the papers, which
+  compare at equal epochs; their extra cost shows in the train seconds.
+* the imbalanced variants train for the same number of steps as the regular
+  runs (more epochs of their smaller data): at this budget equal epochs would
+  give the exponential variant 60 steps and measure "fewer steps", not
+  "imbalanced data". The kNN bank and the linear probe's training set are the
+  run's (imbalanced) training data; the test split is balanced.
+* the batch-64 runs (MACL vs NT-Xent, tau 0.1 both) train the same epochs
+  (4x the steps, the same images), with the same peak lr 1e-3 as at batch 256
+  (MACL's paper keeps Adam lr 1e-3 fixed across its batch sweep).
+* evaluation: the default `config.eval` (weighted kNN k = 200, T = 0.1;
+  L-BFGS logistic regression). Baselines (raw pixels, random init) are off in
+  the method runs and computed once per seed by their own run.
+
+Budget: EPOCHS = 2 (390 steps of batch 256). Measured on this machine: a
+SimCLR epoch takes ~80 s of training on an idle machine (630 images/s) and
+each run adds ~2.5 min of start-up, compilation and evaluation; the 72 runs
+(3 seeds) cost ~77 SimCLR-run equivalents of training, i.e. ~3.4 h of
+training plus ~3 h of overheads: ~6.5 h of the idle machine (more wall time
+when it is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS_DIR = os.path.join(ROOT, 'benchmarks', 'reproduce_results')
+REPORT = os.path.join(ROOT, 'benchmarks', 'REPORT.md')
+PLOT = os.path.join(ROOT, 'benchmarks', 'report.png')
+WORK_ROOT = os.path.join(ROOT, 'workdir', 'reproduce')
+
+EPOCHS = 2.0
+SEEDS = (0, 1, 2)
+BATCH = 256
+VALIDATION_SIZE = 10_000
+# Fashion-MNIST: 6000 training images per class, 10 classes.
+TRAIN_PER_CLASS, NUM_CLASSES = 6000, 10
+KNN_KEY = 'knn_weighted_top1@200'
+# 8 virtual devices. Under `nice -n 19` on a busy machine a device thread can
+# be starved for minutes; XLA's CPU collectives then abort the process after
+# 40 s in a rendezvous ("Termination timeout for `all gather ...`"), which
+# killed the study's first run at step 230. Waiting is correct here: raise the
+# limits to 2 h.
+XLA_FLAGS = ('--xla_force_host_platform_device_count=8 '
+             '--xla_cpu_collective_call_terminate_timeout_seconds=7200 '
+             '--xla_cpu_collective_timeout_seconds=7200')
+
+# (row name, config file, extra overrides, description). Every method runs on
+# the regular data; the names are the report's row labels.
+METHODS = [
+    ('simclr', 'simclr', {}, 'SimCLR, NT-Xent tau 0.2'),
+    ('ntxent_t0.1', 'default', {}, 'NT-Xent tau 0.1 (configs/default.py)'),
+    ('moco_v2', 'moco_v2', {}, 'MoCo v2 (queue 4096, m 0.99)'),
+    ('insdis', 'insdis', {}, 'InsDis (memory bank, 1024 noise/instance)'),
+    ('cmc_k4', 'cmc', {}, 'CMC, 4 views, full graph'),
+    ('supcon', 'supcon', {}, 'SupCon L_out (labels)'),
+    ('tcl_sup', 'tcl_sup', {}, 'TCL supervised (labels)'),
+    ('tcl_ssl', 'tcl_ssl', {}, 'TCL self-supervised (3 views)'),
+    ('cacr_k1', 'cacr_k1', {}, 'CACR K=1'),
+    ('cacr_k4', 'cacr_k4', {}, 'CACR K=4 (5 views)'),
+    ('cacr_moco', 'cacr_moco', {}, 'CACR on MoCo v2'),
+    ('macl', 'macl', {}, 'MACL (tau_0 0.1, variant a)'),
+    ('jcl', 'jcl', {}, 'JCL (MoCo v2, 4 key crops)'),
+    ('au_cl', 'au_cl', {}, 'AU-CL (align + uniform)'),
+    ('hn_cl', 'hn_cl', {}, 'HN-CL (hard negatives)'),
+    ('dcl', 'dcl', {}, 'DCL (decoupled)'),
+]
+SMALL_BATCH = 64
+SMALL_BATCH_METHODS = [('macl', 'macl'), ('ntxent_t0.1', 'default')]
+IMBALANCED_METHODS = [('simclr', 'simclr'), ('cacr_k1', 'cacr_k1')]
+VARIANTS = ('regular', 'linear', 'exponential', 'batch64')
+
+COMMON = {
+    'dataset.validation_size': VALIDATION_SIZE,
+    'eval.split': 'test',
+    'eval.baselines': False,
+    'online.knn_every_steps': 0,
+    'augment.preset': 'fmnist',
+    'batch_size': BATCH,
+    'checkpoint_every_steps': 100,
+}
+# --quick: a narrow CNN, a few steps, a short probe; the same code path.
+QUICK = {
+    'model.encoder_kwargs.widths': (8, 16),
+    'model.head_hidden_dim': 32,
+    'model.head_out_dim': 16,
+    'batch_size': 64,
+    'eval.linear_max_iter': 20,
+    'checkpoint_every_steps': 4,
+    'log_every_steps': 2,
+}
+QUICK_STEPS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  method: str          # Row name in the report.
+  config: str          # configs/<config>.py
+  seed: int
+  variant: str         # regular | linear | exponential | batch64 | baselines
+  overrides: tuple     # ((key, value), ...) passed as --config.key=value
+
+  @property
+  def run_id(self) -> str:
+    return f'{self.variant}__{self.method}__s{self.seed}'
+
+  def args(self) -> list[str]:
+    return [f'--config=configs/{self.config}.py'] + [
+        f'--config.{k}={_flag_value(v)}' for k, v in self.overrides]
+
+  @property
+  def fingerprint(self) -> str:
+    return hashlib.sha1(' '.join(self.args()).encode()).hexdigest()[:8]
+
+
+def _flag_value(v) -> str:
+  if isinstance(v, tuple):
+    return '(' + ','.join(str(x) for x in v) + (',)' if len(v) == 1 else ')')
+  return str(v)
+
+
+def train_examples(rule: str) -> int:
+  """Training examples after the holdout and CACR's rule (Fashion-MNIST)."""
+  from input_pipeline import imbalance  # pylint: disable=g-import-not-at-top
+  per_class = TRAIN_PER_CLASS - VALIDATION_SIZE // NUM_CLASSES
+  if rule == 'none':
+    return per_class * NUM_CLASSES
+  return int(imbalance.kept_counts([per_class] * NUM_CLASSES, rule=rule).sum())
+
+
+def epochs_for_steps(steps: int, examples: int, batch: int) -> float:
+  """num_epochs giving exactly `steps` (train.py: int(epochs * per_epoch))."""
+  per_epoch = examples // batch
+  return round((steps + 0.5) / per_epoch, 6)
+
+
+def plan(quick: bool = False) -> list[Run]:
+  """Every run of the study, seed 0 of everything first, then seed 1, 2."""
+  common = dict(COMMON)
+  if quick:
+    common.update(QUICK)
+  batch = common['batch_size']
+  steps = (QUICK_STEPS if quick else
+           int(EPOCHS * (train_examples('none') // batch)))
+  regular_epochs = epochs_for_steps(steps, train_examples('none'), batch)
+
+  def make(method, config, seed, variant, **extra):
+    o = dict(common, seed=seed, num_epochs=regular_epochs)
+    o.update(extra)
+    return Run(method, config, seed, variant, tuple(sorted(o.items())))
+
+  if quick:
+    # Two seeds of one method (means and stds), a second method on the
+    # linear-imbalanced data (the dataset option and the equal-steps rule).
+    return [
+        make('simclr', 'simclr', 0, 'regular'),
+        make('simclr', 'simclr', 1, 'regular'),
+        make('cacr_k1', 'cacr_k1', 0, 'linear', **{
+            'dataset.imbalance': 'linear',
+            'num_epochs': epochs_for_steps(steps, train_examples('linear'),
+                                           batch)}),
+    ]
+  runs = []
+  for seed in SEEDS:
+    for method, config, _, _ in METHODS:
+      runs.append(make(method, config, seed, 'regular'))
+    for method, config in SMALL_BATCH_METHODS:
+      runs.append(make(method, config, seed, 'batch64', **{
+          'batch_size': SMALL_BATCH,
+          # The same images as at batch 256: 4x the steps.
+          'num_epochs': epochs_for_steps(steps * batch // SMALL_BATCH,
+                                         train_examples('none'), SMALL_BATCH),
+          # Peak lr = base * B / 256 = 1e-3, as at batch 256.
+          'optimizer.base_learning_rate': 1e-3 * 256 / SMALL_BATCH}))
+    for rule in ('linear', 'exponential'):
+      for method, config in IMBALANCED_METHODS:
+        runs.append(make(method, config, seed, rule, **{
+            'dataset.imbalance': rule,
+            'num_epochs': epochs_for_steps(steps, train_examples(rule),
+                                           batch)}))
+    # Raw pixels and the randomly initialised encoder: one step of training
+    # (its 'trained' row is ignored), baselines on.
+    runs.append(make('baselines', 'default', seed, 'baselines', **{
+        'eval.baselines': True,
+        'num_epochs': epochs_for_steps(1, train_examples('none'), batch)}))
+  return runs
+
+
+# --------------------------------------------------------------------------
+# Running.
+# --------------------------------------------------------------------------
+
+def _git(*args) -> str:
+  try:
+    return subprocess.run(['git', *args], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return ''
+
+
+def result_path(results_dir: str, run: Run) -> str:
+  return os.path.join(results_dir, run.run_id + '.json')
+
+
+def is_done(results_dir: str, run: Run) -> bool:
+  path = result_path(results_dir, run)
+  if not os.path.exists(path):
+    return False
+  with open(path) as f:
+    return json.load(f).get('args') == run.args()
+
+
+def execute(run: Run, results_dir: str, work_root: str, *,
+            log=print) -> dict | None:
+  """Trains and evaluates one run with main.py; writes and returns its JSON."""
+  workdir = os.path.join(work_root, f'{run.run_id}-{run.fingerprint}')
+  os.makedirs(workdir, exist_ok=True)
+  cmd = ['nice', '-n', '19', sys.executable, 'main.py',
+         f'--workdir={workdir}'] + run.args()
+  env = dict(os.environ, XLA_FLAGS=XLA_FLAGS, TF_CPP_MIN_LOG_LEVEL='2')
+  log(f'[{time.strftime("%H:%M:%S")}] {run.run_id}: {" ".join(cmd[3:])}')
+  t0 = time.time()
+  with open(os.path.join(workdir, 'main.log'), 'a') as out:
+    child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out,
+                             stderr=subprocess.STDOUT)
+    try:
+      rc = child.wait()
+    finally:
+      if child.poll() is None:
+        # Stopped (SIGTERM/Ctrl-C): main.py checkpoints on SIGTERM while it
+        # trains; give it a minute, then kill it.
+        child.terminate()
+        try:
+          child.wait(60)
+        except subprocess.TimeoutExpired:
+          child.kill()
+  wall = time.time() - t0
+  res_file = os.path.join(workdir, 'results.json')
+  if rc != 0 or not os.path.exists(res_file):
+    log(f'  FAILED (exit {rc}) after {wall:.0f} s; see '
+        f'{workdir}/main.log')
+    return None
+  with open(res_file) as f:
+    res = json.load(f)
+  overrides = dict(run.overrides)
+  split = overrides.get('eval.split', 'test')
+  record = {
+      'run_id': run.run_id, 'method': run.method, 'config': run.config,
+      'seed': run.seed, 'variant': run.variant, 'args': run.args(),
+      'overrides': {k: list(v) if isinstance(v, tuple) else v
+                    for k, v in run.overrides},
+      'eval_split': split,
+      split: {
+          rep: {'knn': res.get(f'{rep}/{KNN_KEY}'),
+                'linear': res.get(f'{rep}/linear_top1')}
+          for rep in ('trained', 'random_init', 'raw_pixels')
+          if f'{rep}/linear_top1' in res},
+      'train_seconds': res.get('train_seconds'),
+      'wall_seconds': round(wall, 1),
+      'steps': res.get('steps'),
+      'images_per_sec': res.get('images_per_sec'),
+      'final_loss': res.get('final_loss'),
+      'resumed_from_step': res.get('resumed_from_step'),
+      'git_commit': _git('rev-parse', 'HEAD'),
+      'git_dirty': bool(_git('status', '--porcelain', '--untracked-files=no')),
+      'finished': time.strftime('%Y-%m-%d %H:%M:%S'),
+  }
+  os.makedirs(results_dir, exist_ok=True)
+  path = result_path(results_dir, run)
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(record, f, indent=1, sort_keys=True)
+  os.replace(tmp, path)
+  t = record[split]['trained']
+  log(f'  done in {wall:.0f} s (train {record["train_seconds"]} s, '
+      f'{record["steps"]} steps): kNN {t["knn"]:.4f}, linear '
+      f'{t["linear"]:.4f}')
+  return record
+
+
+# --------------------------------------------------------------------------
+# The report.
+# --------------------------------------------------------------------------
+
+def load_results(results_dir: str, runs: Sequence[Run]) -> list[dict]:
+  """The finished runs of `runs` (JSONs with the same command)."""
+  out = []
+  for run in runs:
+    path = result_path(results_dir, run)
+    if os.path.exists(path):
+      with open(path) as f:
+        rec = json.load(f)
+      if rec.get('args') == run.args():
+        out.append(rec)
+  return out
+
+
+def _acc(rec: dict, metric: str, rep: str = 'trained') -> float | None:
+  value = rec.get(rec['eval_split'], {}).get(rep, {}).get(metric)
+  return None if value is None else 100. * value
+
+
+@dataclasses.dataclass
+class Cell:
+  values: list[float]
+
+  @property
+  def n(self) -> int:
+    return len(self.values)
+
+  @property
+  def mean(self) -> float:
+    return sum(self.values) / self.n if self.n else math.nan
+
+  @property
+  def std(self) -> float:
+    """Sample standard deviation (ddof = 1); nan below 2 seeds."""
+    if self.n < 2:
+      return math.nan
+    m = self.mean
+    return math.sqrt(sum((v - m) ** 2 for v in self.values) / (self.n - 1))
+
+  @property
+  def var_of_mean(self) -> float:
+    return self.std ** 2 / self.n if self.n >= 2 else math.nan
+
+  def fmt(self) -> str:
+    if not self.n:
+      return '-'
+    if self.n < 2:
+      return f'{self.mean:.2f} (n=1)'
+    return f'{self.mean:.2f} ± {self.std:.2f} (n={self.n})'
+
+
+def cells(records: list[dict], rep: str = 'trained'
+          ) -> dict[tuple[str, str, str], Cell]:
+  """(variant, method, metric) -> Cell of accuracies in % over seeds."""
+  out: dict[tuple[str, str, str], Cell] = {}
+  for rec in records:
+    for metric in ('knn', 'linear'):
+      v = _acc(rec, metric, rep)
+      if v is not None:
+        out.setdefault((rec['variant'], rec['method'], metric),
+                       Cell([])).values.append(v)
+  return out
+
+
+def _diff(a: Cell, b: Cell) -> tuple[float, float]:
+  """Mean difference a - b and its standard error (Welch)."""
+  return a.mean - b.mean, math.sqrt(a.var_of_mean + b.var_of_mean)
+
+
+def _verdict(d: float, se: float, na: int, nb: int) -> str:
+  if not (na and nb):
+    return 'not run yet'
+  if math.isnan(se):
+    return ('holds so far' if d > 0 else 'DOES NOT HOLD so far') + \
+        ' (1 seed: no standard error yet)'
+  if d > 2 * se:
+    return 'holds (difference > 2 SE)'
+  if d > 0:
+    return 'same direction, within noise (difference < 2 SE)'
+  if d > -2 * se:
+    return 'DOES NOT HOLD: reversed, within noise'
+  return 'DOES NOT HOLD: reversed by more than 2 SE'
+
+
+# (claim, source, [(variant, better, variant, worse)]).
+CLAIMS = [
+    ('CACR (K=4) > CMC (K=4) > SimCLR', 'CACR Table 2 (CIFAR-10: 86.54 > '
+     '85.54 > 83.47)',
+     [('regular', 'cacr_k4', 'regular', 'cmc_k4'),
+      ('regular', 'cmc_k4', 'regular', 'simclr'),
+      ('regular', 'cacr_k1', 'regular', 'simclr')]),
+    ('TCL > SupCon (supervised)', 'TCL thesis (Fashion-MNIST 95.7 vs 95.5)',
+     [('regular', 'tcl_sup', 'regular', 'supcon')]),
+    ('MACL > InfoNCE and DCL, most at small batch', 'MACL Table 2 (CIFAR-10 '
+     'LE, batch 256: 87.37 vs 83.64 / 86.29; batch 64: 86.73 vs 81.61)',
+     [('regular', 'macl', 'regular', 'ntxent_t0.1'),
+      ('regular', 'macl', 'regular', 'dcl'),
+      ('batch64', 'macl', 'batch64', 'ntxent_t0.1')]),
+    ('JCL > MoCo v2', 'JCL paper (ImageNet linear)',
+     [('regular', 'jcl', 'regular', 'moco_v2')]),
+    ('CACR (MoCo) > MoCo v2', 'CACR Table 15',
+     [('regular', 'cacr_moco', 'regular', 'moco_v2')]),
+]
+
+
+def _claim_lines(c: dict) -> list[str]:
+  lines = []
+  for title, source, pairs in CLAIMS:
+    lines += [f'### {title}', '', f'Paper: {source}.', '',
+              '| comparison | metric | difference (points) ± SE | seeds | '
+              'verdict |', '|---|---|---|---|---|']
+    for va, a, vb, b in pairs:
+      for metric in ('knn', 'linear'):
+        ca, cb = c.get((va, a, metric), Cell([])), c.get((vb, b, metric),
+                                                          Cell([]))
+        d, se = _diff(ca, cb)
+        lines.append(
+            f'| {a} ({va}) > {b} ({vb}) | {metric} | '
+            f'{_fmt_diff(d, se, ca.n, cb.n)} | {ca.n} vs {cb.n} | '
+            f'{_verdict(d, se, ca.n, cb.n)} |')
+    lines.append('')
+  # MACL's gain at batch 64 vs at batch 256.
+  lines += ['### MACL\'s gain over NT-Xent is larger at batch 64 than at 256',
+            '', '| metric | gain at 64 - gain at 256 (points) ± SE | verdict |',
+            '|---|---|---|']
+  for metric in ('knn', 'linear'):
+    parts = [c.get((v, m, metric), Cell([])) for v, m in (
+        ('batch64', 'macl'), ('batch64', 'ntxent_t0.1'), ('regular', 'macl'),
+        ('regular', 'ntxent_t0.1'))]
+    d = parts[0].mean - parts[1].mean - parts[2].mean + parts[3].mean
+    se = math.sqrt(sum(p.var_of_mean for p in parts))
+    n = min(p.n for p in parts)
+    lines.append(f'| {metric} | {_fmt_diff(d, se, n, n)} | '
+                 f'{_verdict(d, se, n, n)} |')
+  lines.append('')
+  # TCL self-supervised is "competitive" with SimCLR.
+  lines += ['### TCL (self-supervised) is competitive with SimCLR', '',
+            'Read as: TCL self-sup is not worse than SimCLR by more than 2 SE '
+            '(the thesis claims parity or better, not a margin).', '',
+            '| metric | TCL ssl - SimCLR (points) ± SE | seeds | verdict |',
+            '|---|---|---|---|']
+  for metric in ('knn', 'linear'):
+    a, b = c.get(('regular', 'tcl_ssl', metric), Cell([])), c.get(
+        ('regular', 'simclr', metric), Cell([]))
+    d, se = _diff(a, b)
+    if not (a.n and b.n):
+      verdict = 'not run yet'
+    elif math.isnan(se):
+      verdict = 'no standard error yet (1 seed)'
+    else:
+      verdict = ('holds' if d > -2 * se else
+                 'DOES NOT HOLD: worse by more than 2 SE')
+    lines.append(f'| {metric} | {_fmt_diff(d, se, a.n, b.n)} | {a.n} vs '
+                 f'{b.n} | {verdict} |')
+  lines.append('')
+  # Imbalance: CACR's drop is smaller than SimCLR's.
+  lines += ['### CACR degrades less than SimCLR under class imbalance', '',
+            'Paper: CACR Table 2 (CIFAR-10 drops, linear: SimCLR 3.59, CACR '
+            'K=1 3.27; exponential: 11.73 vs 10.71). Drop = regular - '
+            'imbalanced accuracy; the comparison is SimCLR\'s drop - CACR '
+            '(K=1)\'s drop (positive: the claim holds).', '',
+            '| rule | metric | SimCLR drop | CACR K=1 drop | difference ± SE | '
+            'verdict |', '|---|---|---|---|---|---|']
+  for rule in ('linear', 'exponential'):
+    for metric in ('knn', 'linear'):
+      p = {(v, m): c.get((v, m, metric), Cell([])) for v in ('regular', rule)
+           for m in ('simclr', 'cacr_k1')}
+      drop_s = p[('regular', 'simclr')].mean - p[(rule, 'simclr')].mean
+      drop_c = p[('regular', 'cacr_k1')].mean - p[(rule, 'cacr_k1')].mean
+      d = drop_s - drop_c
+      se = math.sqrt(sum(x.var_of_mean for x in p.values()))
+      n = min(x.n for x in p.values())
+      lines.append(f'| {rule} | {metric} | {_num(drop_s)} | {_num(drop_c)} | '
+                   f'{_fmt_diff(d, se, n, n)} | {_verdict(d, se, n, n)} |')
+  lines.append('')
+  return lines
+
+
+def _num(x: float) -> str:
+  return '-' if math.isnan(x) else f'{x:+.2f}'
+
+
+def _fmt_diff(d: float, se: float, na: int, nb: int) -> str:
+  if not (na and nb) or math.isnan(d):
+    return '-'
+  return f'{d:+.2f}' + ('' if math.isnan(se) else f' ± {se:.2f}')
+
+
+def write_report(records: list[dict], runs: Sequence[Run], report: str,
+                 plot: str, *, quick: bool = False) -> None:
+  c = cells(records)
+  done = {r['run_id'] for r in records}
+  train_s = sum(_full_train_seconds(r) for r in records
+                if r.get('train_seconds'))
+  wall_s = sum(r.get('wall_seconds') or 0. for r in records)
+  cmd = 'python -m benchmarks.reproduce' + (' --quick' if quick else '')
+  lines = [
+      '# Reproducing the papers\' comparisons at small scale',
+      '',
+      f'Generated by `{cmd}` from the per-run results in '
+      f'`{os.path.relpath(os.path.dirname(result_path(RESULTS_DIR, runs[0])), ROOT) if not quick else "(temporary)"}/` '
+      f'on {time.strftime("%Y-%m-%d %H:%M")}; do not edit by hand. The '
+      'protocol is in the docstring of `benchmarks/reproduce.py`.',
+      '',
+      f'**Progress: {len(done)} of {len(runs)} runs finished** '
+      f'({train_s / 3600:.2f} h of training, {wall_s / 3600:.2f} h of wall '
+      'time including start-up and evaluation, on the shared 2-core CPU). '
+      'Cells show mean ± sample std over seeds and n, the number of seeds '
+      'finished so far.',
+      '',
+      'Setup: Fashion-MNIST, 50,000 training images (10,000 held out as a '
+      'stratified validation split), scored on the 10,000 test images; the '
+      'default small CNN; AdamW; the fmnist augmentation for every method; '
+      f'{_steps_text(runs)}. Accuracies in %: weighted kNN (k = 200, '
+      'T = 0.1) and a linear probe (L-BFGS logistic regression) on the frozen '
+      'encoder\'s features. No hyperparameter was tuned here: each method '
+      'runs its config (the papers\' values, see configs/*.py), so the test '
+      'split is only reported.',
+      '',
+      'Caveats, read before the numbers: (1) the budget is tiny (a few '
+      'hundred steps against the papers\' 200 epochs), so these are '
+      'orderings early in training, not converged accuracies; (2) '
+      'multi-view methods (cmc_k4: 4 views, cacr_k4: 5, tcl_ssl: 3, jcl: 1 '
+      '+ 4 key crops) process more views per step, as in the papers, which '
+      'compare at equal epochs (see the train seconds); (3) the imbalanced '
+      'runs\' kNN bank and linear-probe training set are their own '
+      'imbalanced training data (train.py evaluates on the data it trained '
+      'on), while CACR\'s paper trains its probe on the balanced set; the '
+      'exponential rule leaves class 0 with no training image, which caps '
+      'both methods alike; (4) CMC\'s bank negatives are one set shared by '
+      'the batch (InsDis\'s are per instance, 1024 of them).',
+      '',
+      '## Accuracy per method and variant (test split, %)',
+      '',
+      '| variant | method | kNN | linear | train s (mean) |',
+      '|---|---|---|---|---|',
+  ]
+  seen = []
+  for run in runs:
+    key = (run.variant, run.method)
+    if key in seen or run.variant == 'baselines':
+      continue
+    seen.append(key)
+    secs = [_full_train_seconds(r) for r in records
+            if (r['variant'], r['method']) == key and r.get('train_seconds')]
+    lines.append(
+        f'| {run.variant} | {run.method} | {c.get(key + ("knn",), Cell([])).fmt()} | '
+        f'{c.get(key + ("linear",), Cell([])).fmt()} | '
+        f'{sum(secs) / len(secs) if secs else math.nan:.0f} |')
+  base = [r for r in records if r['variant'] == 'baselines']
+  bc = {rep: cells(base, rep) for rep in ('raw_pixels', 'random_init')}
+  lines += ['', '### Baselines (no pretraining)', '',
+            '| representation | kNN | linear |', '|---|---|---|']
+  for rep in ('raw_pixels', 'random_init'):
+    k = bc[rep].get(('baselines', 'baselines', 'knn'), Cell([]))
+    lin = bc[rep].get(('baselines', 'baselines', 'linear'), Cell([]))
+    lines.append(f'| {rep} | {k.fmt()} | {lin.fmt()} |')
+  lines += ['', '## The papers\' claims, one by one', '',
+            'Difference = mean(better) - mean(worse) in accuracy points; SE '
+            '= sqrt(s_a^2 / n_a + s_b^2 / n_b) over seeds. "holds" needs the '
+            'difference to exceed 2 SE; fewer than 2 seeds give no SE.', '']
+  lines += _claim_lines(c)
+  lines += ['## Runs', '',
+            f'{len(done)} finished of {len(runs)}; missing: ' +
+            (', '.join(r.run_id for r in runs if r.run_id not in done)
+             or 'none') + '.', '']
+  os.makedirs(os.path.dirname(report), exist_ok=True)
+  with open(report + '.tmp', 'w') as f:
+    f.write('\n'.join(lines))
+  os.replace(report + '.tmp', report)
+  _plot(c, runs, plot)
+
+
+def _full_train_seconds(rec: dict) -> float:
+  """Training seconds of the whole run: a resumed run's train.py times only
+  the steps after the restored checkpoint, so scale by steps / steps run."""
+  done = rec['steps'] - (rec.get('resumed_from_step') or 0)
+  return rec['train_seconds'] * rec['steps'] / max(done, 1)
+
+
+def _steps_text(runs: Sequence[Run]) -> str:
+  regular = [r for r in runs if r.variant == 'regular']
+  if not regular:
+    return ''
+  o = dict(regular[0].overrides)
+  steps = int(o['num_epochs'] * (train_examples('none') // o['batch_size']))
+  return (f'batch {o["batch_size"]}, {steps} steps ({o["num_epochs"]:.2f} '
+          'epochs) per regular run; the imbalanced runs the same number of '
+          f'steps; the batch-{SMALL_BATCH} runs the same number of images')
+
+
+def _plot(c: dict, runs: Sequence[Run], path: str) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  keys = []
+  for run in runs:
+    key = (run.variant, run.method)
+    if run.variant != 'baselines' and key not in keys:
+      keys.append(key)
+  fig, axes = plt.subplots(1, 2, figsize=(12, 0.32 * len(keys) + 1.5),
+                           sharey=True)
+  for ax, metric in zip(axes, ('knn', 'linear')):
+    means = [c.get(k + (metric,), Cell([])).mean for k in keys]
+    stds = [c.get(k + (metric,), Cell([])).std for k in keys]
+    y = range(len(keys))
+    ax.barh(y, [0 if math.isnan(m) else m for m in means],
+            xerr=[0 if math.isnan(s) else s for s in stds], capsize=2,
+            color=['C0' if k[0] == 'regular' else 'C1' for k in keys])
+    ax.set_yticks(list(y), [f'{m} ({v})' for v, m in keys], fontsize=7)
+    finite = [m for m in means if not math.isnan(m)]
+    lo = min(finite) - 3 if finite else 0
+    ax.set_xlim(max(lo, 0), 100 if not finite else min(100, max(finite) + 3))
+    ax.set(xlabel=f'{metric} accuracy, test (%)',
+           title=f'{metric}: mean ± std over seeds')
+    ax.invert_yaxis()
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+
+
+# --------------------------------------------------------------------------
+
+def _exit_on_sigterm(signum, frame):
+  del signum, frame
+  raise SystemExit(143)   # Unwinds through execute(), which stops main.py.
+
+
+def main(argv=None) -> int:
+  import signal  # pylint: disable=g-import-not-at-top
+  signal.signal(signal.SIGTERM, _exit_on_sigterm)
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--quick', action='store_true',
+                 help='tiny runs into a temporary directory (minutes)')
+  p.add_argument('--out', help='results directory (default '
+                 'benchmarks/reproduce_results; --quick: a temporary one). '
+                 'The report and plot go next to it when given.')
+  p.add_argument('--report', action='store_true',
+                 help='only regenerate the report from finished runs')
+  p.add_argument('--plan', action='store_true',
+                 help='list the runs and whether each is done')
+  p.add_argument('--max_runs', type=int, default=0,
+                 help='stop after this many runs (0: all)')
+  p.add_argument('--retries', type=int, default=2,
+                 help='retries of a failed run, each after --retry_wait s')
+  p.add_argument('--retry_wait', type=float, default=300.)
+  args = p.parse_args(argv)
+
+  runs = plan(quick=args.quick)
+  if args.out:
+    results_dir = args.out
+    report = os.path.join(args.out, 'REPORT.md')
+    plot = os.path.join(args.out, 'report.png')
+    work_root = os.path.join(args.out, 'workdirs')
+  elif args.quick and args.plan:
+    results_dir = report = plot = work_root = '(temporary)'
+  elif args.quick:
+    base = tempfile.mkdtemp(prefix='reproduce_quick_')
+    results_dir = os.path.join(base, 'results')
+    report, plot = (os.path.join(base, 'REPORT.md'),
+                    os.path.join(base, 'report.png'))
+    work_root = os.path.join(base, 'workdirs')
+  else:
+    results_dir, report, plot, work_root = (RESULTS_DIR, REPORT, PLOT,
+                                            WORK_ROOT)
+  print(f'results: {results_dir}\nreport: {report}', flush=True)
+
+  if args.plan:
+    for run in runs:
+      state = 'done' if is_done(results_dir, run) else 'todo'
+      print(f'{state}  {run.run_id:<36} {" ".join(run.args())}')
+    return 0
+  if not args.report:
+    executed = 0
+    for run in runs:
+      if is_done(results_dir, run):
+        continue
+      if args.max_runs and executed >= args.max_runs:
+        break
+      for attempt in range(args.retries + 1):
+        if execute(run, results_dir, work_root,
+                   log=lambda s: print(s, flush=True)) is not None:
+          break
+        if attempt < args.retries:
+          print(f'  retrying in {args.retry_wait:.0f} s', flush=True)
+          time.sleep(args.retry_wait)
+      executed += 1
+      write_report(load_results(results_dir, runs), runs, report, plot,
+                   quick=args.quick)
+  write_report(load_results(results_dir, runs), runs, report, plot,
+               quick=args.quick)
+  print(f'report: {report}', flush=True)
+  if args.quick and not args.out:
+    shutil.rmtree(work_root, ignore_errors=True)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,169 @@
+"""The study command (benchmarks/reproduce.py): its plan, statistics, and a
+real `--quick` run of the whole pipeline (main.py subprocesses, JSONs, report).
+"""
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from benchmarks import reproduce
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ------------------------------------------------------------------ plan ---
+
+def test_plan_covers_every_method_seed_and_variant():
+  runs = reproduce.plan()
+  ids = [r.run_id for r in runs]
+  assert len(ids) == len(set(ids))
+  want = {(v, m) for m, *_ in reproduce.METHODS for v in ('regular',)}
+  want |= {('batch64', m) for m, _ in reproduce.SMALL_BATCH_METHODS}
+  want |= {(v, m) for m, _ in reproduce.IMBALANCED_METHODS
+           for v in ('linear', 'exponential')}
+  want |= {('baselines', 'baselines')}
+  for v, m in want:
+    seeds = sorted(r.seed for r in runs if (r.variant, r.method) == (v, m))
+    assert seeds == [0, 1, 2], (v, m)
+  assert {(r.variant, r.method) for r in runs} == want
+  for name in ('simclr', 'moco_v2', 'insdis', 'cmc', 'supcon', 'tcl_sup',
+               'tcl_ssl', 'cacr_k1', 'cacr_k4', 'cacr_moco', 'macl', 'jcl',
+               'au_cl', 'hn_cl', 'dcl'):
+    assert any(r.config == name for r in runs), name
+
+
+def test_plan_is_seed_major():
+  seeds = [r.seed for r in reproduce.plan()]
+  assert seeds == sorted(seeds)
+
+
+def test_every_run_has_the_same_protocol_and_steps():
+  runs = reproduce.plan()
+  for r in runs:
+    o = dict(r.overrides)
+    assert o['augment.preset'] == 'fmnist'
+    assert o['dataset.validation_size'] == 10_000
+    assert o['eval.split'] == 'test'
+    batch = o['batch_size']
+    examples = reproduce.train_examples(o.get('dataset.imbalance', 'none'))
+    steps = int(o['num_epochs'] * (examples // batch))   # As train.py does.
+    if r.variant == 'baselines':
+      assert steps == 1 and o['eval.baselines']
+      continue
+    assert not o['eval.baselines']
+    # Same images seen (batch 64) or same steps (imbalanced): same compute.
+    assert steps * batch == 390 * 256, r.run_id
+  # Peak lr 1e-3 at batch 64 too (base * 64 / 256).
+  b64 = [r for r in runs if r.variant == 'batch64']
+  assert all(dict(r.overrides)['optimizer.base_learning_rate'] * 64 / 256 ==
+             pytest.approx(1e-3) for r in b64)
+
+
+def test_train_examples_follow_cacr_rules():
+  assert reproduce.train_examples('none') == 50_000
+  assert reproduce.train_examples('linear') == 27_500
+  assert reproduce.train_examples('exponential') == 7_904
+
+
+def test_every_study_config_passes_validation():
+  import importlib
+  from contrastive_jax import train
+  for r in reproduce.plan():
+    if r.seed:
+      continue
+    config = importlib.import_module(f'configs.{r.config}').get_config()
+    for key, value in r.overrides:
+      node = config
+      *path, leaf = key.split('.')
+      for p in path:
+        node = node[p]
+      node[leaf] = value
+    train.validate_config(config, num_devices=8)
+
+
+# ------------------------------------------------------------ statistics ---
+
+def test_cell_statistics_match_numpy():
+  vals = [81.2, 83.5, 82.0]
+  cell = reproduce.Cell(vals)
+  assert cell.mean == pytest.approx(np.mean(vals))
+  assert cell.std == pytest.approx(np.std(vals, ddof=1))
+  a, b = reproduce.Cell([80., 81., 82.]), reproduce.Cell([78., 78.5, 80.])
+  d, se = reproduce._diff(a, b)
+  assert d == pytest.approx(np.mean([80, 81, 82]) - np.mean([78, 78.5, 80]))
+  assert se == pytest.approx(math.sqrt(np.var([80, 81, 82], ddof=1) / 3 +
+                                       np.var([78, 78.5, 80], ddof=1) / 3))
+  assert reproduce.Cell([1.]).fmt() == '1.00 (n=1)'
+  assert math.isnan(reproduce.Cell([1.]).std)
+
+
+@pytest.mark.parametrize('d, se, want', [
+    (3., 1., 'holds'), (1., 1., 'same direction'),
+    (-1., 1., 'DOES NOT HOLD: reversed, within'),
+    (-3., 1., 'DOES NOT HOLD: reversed by more'),
+])
+def test_verdicts(d, se, want):
+  assert reproduce._verdict(d, se, 3, 3).startswith(want)
+
+
+# ------------------------------------------------------- --quick for real ---
+
+def _report_cell(report: str, variant: str, method: str):
+  row = re.search(rf'^\| {variant} \| {re.escape(method)} \| (.*?) \| (.*?) \|',
+                  report, re.M)
+  assert row, (variant, method)
+  return row.group(1), row.group(2)
+
+
+def test_quick_study_end_to_end(tmp_path):
+  out = str(tmp_path / 'study')
+  cmd = [sys.executable, '-m', 'benchmarks.reproduce', '--quick',
+         f'--out={out}', '--retries=0']
+  env = dict(os.environ)
+  env.pop('XLA_FLAGS', None)     # reproduce sets it for main.py itself.
+  first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=3600)
+  assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+  runs = reproduce.plan(quick=True)
+  records = {}
+  for run in runs:
+    with open(os.path.join(out, run.run_id + '.json')) as f:
+      records[run.run_id] = json.load(f)
+  for rec in records.values():
+    assert rec['eval_split'] == 'test' and rec['steps'] == 4
+    acc = rec['test']['trained']
+    assert 0.1 < acc['knn'] <= 1 and 0.1 < acc['linear'] <= 1
+    assert rec['train_seconds'] > 0 and len(rec['git_commit']) == 40
+  # The report's SimCLR cell is the mean +- std of the two seeds' JSONs.
+  with open(os.path.join(out, 'REPORT.md')) as f:
+    report = f.read()
+  assert os.path.getsize(os.path.join(out, 'report.png')) > 1000
+  knn = [100 * records[f'regular__simclr__s{s}']['test']['trained']['knn']
+         for s in (0, 1)]
+  lin = [100 * records[f'regular__simclr__s{s}']['test']['trained']['linear']
+         for s in (0, 1)]
+  knn_cell, lin_cell = _report_cell(report, 'regular', 'simclr')
+  assert knn_cell == f'{np.mean(knn):.2f} ± {np.std(knn, ddof=1):.2f} (n=2)'
+  assert lin_cell == f'{np.mean(lin):.2f} ± {np.std(lin, ddof=1):.2f} (n=2)'
+  lk, _ = _report_cell(report, 'linear', 'cacr_k1')
+  cacr = records['linear__cacr_k1__s0']['test']['trained']['knn']
+  assert lk == f'{100 * cacr:.2f} (n=1)'
+  assert '3 of 3 runs finished' in report
+  # The imbalanced run trained on CACR's linear subset: same steps.
+  assert records['linear__cacr_k1__s0']['overrides']['dataset.imbalance'] == \
+      'linear'
+
+  # A rerun skips every finished run and leaves the results untouched.
+  mtimes = {p: os.path.getmtime(os.path.join(out, p)) for p in os.listdir(out)
+            if p.endswith('.json')}
+  second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert 'main.py' not in second.stdout
+  assert mtimes == {p: os.path.getmtime(os.path.join(out, p)) for p in mtimes}
