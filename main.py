@@ -7,6 +7,8 @@ This file is intentionally short: everything happens in
 `contrastive_jax.train.train_and_evaluate`.
 """
 
+import sys
+
 from absl import app
 from absl import flags
 from absl import logging
@@ -27,23 +29,23 @@ def main(argv):
   # TensorFlow load.
   import jax  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
   from contrastive_jax import train  # pylint: disable=g-import-not-at-top
 
   # TensorFlow only reads data; keep it off any accelerator JAX uses.
   tf.config.set_visible_devices([], 'GPU')
-  if _multihost():
-    jax.distributed.initialize()
+  # Several hosts: JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID
+  # (see contrastive_jax/runtime.py); a no-op for a single process.
+  runtime.initialize_distributed()
   logging.info('JAX process %d/%d, %d local / %d global devices (%s).',
                jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count(),
                jax.devices()[0].platform)
-  train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-
-
-def _multihost() -> bool:
-  import os  # pylint: disable=g-import-not-at-top
-  # Set by the cluster launcher (or by hand) for multi-process runs.
-  return 'JAX_COORDINATOR_ADDRESS' in os.environ
+  try:
+    train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except train.Preempted as e:
+    logging.warning('%s', e)
+    sys.exit(143)   # 128 + SIGTERM, as if the signal had ended the process.
 
 
 if __name__ == '__main__':

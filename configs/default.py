@@ -43,6 +43,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.dataset.data_dir = ml_collections.FieldReference(None, field_type=str)
   config.dataset.train_split = 'train'
   config.dataset.eval_split = 'test'
+  # Square side the host decodes images to (None: the dataset's own fixed
+  # size). 'image_folder' and ImageNet-like datasets need it.
+  config.dataset.image_size = ml_collections.FieldReference(None,
+                                                            field_type=int)
+  # Hold the split in host memory (small datasets); False reads every batch
+  # from the files, each process only its part (ImageNet on a pod).
+  config.dataset.in_memory = True
   # A fixed, stratified holdout of the training split (0: none), removed from
   # the training data; its seed is fixed, independent of config.seed
   # (input_pipeline/splits.py). Choices are made on it; see config.eval.split.

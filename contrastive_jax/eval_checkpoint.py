@@ -47,11 +47,14 @@ import orbax.checkpoint as ocp
 from absl import app
 from absl import flags
 from absl import logging
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import evaluate
 from contrastive_jax import models
+from contrastive_jax import runtime
+from contrastive_jax import train
 from contrastive_jax.evaluators import diagnostics
 from contrastive_jax.evaluators import knn
 from contrastive_jax.evaluators import linear_probe
@@ -84,12 +87,6 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     return x
 
   return ml_collections.ConfigDict(to_tuples(raw))
-
-
-def create_mesh() -> jax.sharding.Mesh:
-  """1-D 'data' mesh over all devices (Auto axes, like train.py's)."""
-  return jax.make_mesh((jax.device_count(),), ('data',),
-                       axis_types=(jax.sharding.AxisType.Auto,))
 
 
 def restore_variables(workdir: str, model, image_shape: Sequence[int], mesh,
@@ -142,6 +139,18 @@ def restore_variables(workdir: str, model, image_shape: Sequence[int], mesh,
                           + (': ' + '; '.join(errors) if errors else '.'))
 
 
+def _to_host(*arrays, mask) -> list[np.ndarray]:
+  """Global arrays (sharded over processes) -> full host copies, real rows.
+
+  For the diagnostics and the SGD probe, which run on the host; every process
+  gets the whole array (`process_allgather`), so keep this to test-set-sized
+  features.
+  """
+  mask = np.asarray(multihost_utils.process_allgather(mask, tiled=True))
+  return [np.asarray(multihost_utils.process_allgather(a, tiled=True))[mask]
+          for a in arrays]
+
+
 def _embed_fn(model, mesh):
   """Jitted eval-mode forward: float images -> (features, projection)."""
   sharding = NamedSharding(mesh, P('data'))
@@ -156,8 +165,8 @@ def _embed_fn(model, mesh):
   return embed
 
 
-def _embed_views(model, variables, data: pipeline.ArrayDataset, mesh, *,
-                 batch_size: int, views_cfg, seed: int):
+def _embed_views(model, variables, data, mesh, *, batch_size: int, views_cfg,
+                 seed: int):
   """Embeddings of un-augmented images and of two augmented views.
 
   Returns:
@@ -170,16 +179,17 @@ def _embed_views(model, variables, data: pipeline.ArrayDataset, mesh, *,
       out_shardings=sharding)
   rng = jax.random.key(seed)
   parts = {k: ([], []) for k in ('clean', 'view0', 'view1')}
-  for i, (images, n_valid) in enumerate(pipeline.eval_batches(
+  for i, batch in enumerate(pipeline.eval_batches(
       data, batch_size=batch_size, sharding=sharding)):
+    images = batch['image']
     views = augment_fn(jax.random.fold_in(rng, i), images)   # [B, 2, ...]
     inputs = {'clean': images.astype(jnp.float32) / 255.,
               'view0': views[:, 0], 'view1': views[:, 1]}
     for name, x in inputs.items():
-      f, z = jax.device_get(embed(variables.params, variables.batch_stats,
-                                    x))
-      parts[name][0].append(np.asarray(f)[:n_valid])
-      parts[name][1].append(np.asarray(z)[:n_valid])
+      f, z = _to_host(*embed(variables.params, variables.batch_stats, x),
+                      mask=batch['mask'])
+      parts[name][0].append(f)
+      parts[name][1].append(z)
   return {k: (np.concatenate(f), np.concatenate(z))
           for k, (f, z) in parts.items()}
 
@@ -196,8 +206,7 @@ def _batched_entropy(z_a, *, batch_size: int, t_neg: float) -> float:
 
 
 def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
-                        data: tuple[pipeline.ArrayDataset,
-                                    pipeline.ArrayDataset] | None = None,
+                        data=None,
                         step: int | None = None,
                         knn_ks: Sequence[int] = (10, 20, 200),
                         probe_preset: str | None = None,
@@ -210,7 +219,7 @@ def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
   Args:
     workdir: the training run's directory (config.json, checkpoints/).
     outdir: where to write; default `<workdir>/eval`.
-    data: (train, test) datasets instead of the config's dataset (tests).
+    data: (train, test) sources instead of the config's dataset (tests).
     step: checkpoint step; None takes the newest readable one.
     knn_ks: neighbour counts, merged with the run's `config.eval.knn_ks`;
       values above the training-set size are dropped.
@@ -229,17 +238,14 @@ def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
   config = load_config(workdir)
   outdir = outdir or os.path.join(workdir, 'eval')
   os.makedirs(outdir, exist_ok=True)
-  if data is None:
-    ds = config.dataset
-    data = (pipeline.load_split(ds.name, ds.train_split, ds.data_dir),
-            pipeline.load_split(ds.name, ds.eval_split, ds.data_dir))
-  train_data, test_data = data
+  train_data, test_data = data if data is not None else train.load_data(
+      config)
   num_classes = max(train_data.num_classes, test_data.num_classes)
 
-  mesh = create_mesh()
+  mesh = runtime.create_mesh()
   model = models.create_model(config)
   variables, restored_step = restore_variables(
-      workdir, model, train_data.images.shape[1:], mesh, step)
+      workdir, model, train_data.image_shape, mesh, step)
   logging.info('Restored step %d of %s.', restored_step, workdir)
   results: dict[str, Any] = {'workdir': os.path.abspath(workdir),
                              'checkpoint_step': restored_step,
@@ -248,33 +254,42 @@ def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
 
   # Frozen features exactly as train.py's end-of-run evaluation reads them.
   ev = config.eval
-  train_x, test_x = (evaluate.extract_features(model, variables, d, mesh,
+  feature_fn = evaluate.make_feature_fn(model, mesh)
+  frozen = {'params': variables.params, 'batch_stats': variables.batch_stats}
+  train_f, test_f = (evaluate.extract_features(feature_fn, frozen, d, mesh,
                                                ev.batch_size)
                      for d in (train_data, test_data))
   ks = sorted({int(k) for k in tuple(knn_ks) + tuple(ev.knn_ks)
-               if int(k) <= train_data.num_examples})
+               if int(k) <= len(train_data)})
   results.update(knn.knn_evaluate(
-      train_x, train_data.labels, test_x, test_data.labels,
+      train_f.x, train_f.label, test_f.x, test_f.label,
       num_classes=num_classes, ks=tuple(ks), temperature=ev.knn_temperature,
-      mesh=mesh))
+      mesh=mesh, bank_mask=train_f.mask, query_mask=test_f.mask))
   lin = linear_probe.logistic_regression(
-      train_x, train_data.labels, test_x, test_data.labels,
-      num_classes=num_classes, l2=ev.linear_l2, max_iter=ev.linear_max_iter)
+      train_f.x, train_f.label, test_f.x, test_f.label,
+      num_classes=num_classes, l2=ev.linear_l2, max_iter=ev.linear_max_iter,
+      train_mask=train_f.mask, test_mask=test_f.mask)
   results.update({f'linear_{k}': float(v) for k, v in lin.items()})
   if probe_preset:
     kw = {} if probe_epochs is None else {'epochs': probe_epochs}
+    # The minibatch probe runs on host copies of the features.
+    train_x, train_y = _to_host(train_f.x, train_f.label, mask=train_f.mask)
+    test_x, test_y = _to_host(test_f.x, test_f.label, mask=test_f.mask)
     probe = linear_probe.train_linear_probe(
-        train_x, train_data.labels, test_x, test_data.labels,
+        train_x, train_y, test_x, test_y,
         num_classes=num_classes, preset=probe_preset, seed=seed, **kw)
     results.update({f'probe_{probe_preset}/{k}': v for k, v in probe.items()
                     if isinstance(v, (int, float))})
 
-  # Diagnostics on two augmented views of every test image (two views of the
-  # run's preset; multi-crop presets start with two same-size global crops).
-  views_cfg = augment.get_views(config.augment.preset, 2)
+  # Diagnostics on two augmented views of every test image: the run's first
+  # two views, its per-view overrides included (multi-crop presets start
+  # with two same-size global crops).
+  views_cfg = augment.build_views(
+      config.augment.preset, max(2, config.augment.num_views),
+      config.augment.overrides)[:2]
   emb = _embed_views(model, variables, test_data, mesh,
                      batch_size=ev.batch_size, views_cfg=views_cfg, seed=seed)
-  labels = test_data.labels
+  labels, = _to_host(test_f.label, mask=test_f.mask)
   entropy_batch = int(entropy_batch_size or config.batch_size)
   for space, idx in (('projection', 1), ('features', 0)):
     z0, z1, clean = emb['view0'][idx], emb['view1'][idx], emb['clean'][idx]
@@ -325,6 +340,7 @@ flags.DEFINE_integer('seed', 0, 'Seed of the diagnostic views.')
 
 def main(argv):
   del argv
+  runtime.initialize_distributed()   # Same environment as main.py's.
   # TF (used by the dataset loader) must not take a GPU from JAX.
   try:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top

@@ -22,6 +22,7 @@ import struct
 from absl import logging
 
 DEBIAN_FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
+FILE_FORMAT = 'array_record'
 
 # Upstream (zalandoresearch) gzip header fields of each file: the MTIME was
 # recovered by matching TFDS's registered SHA-256 of the upstream file; the
@@ -41,6 +42,12 @@ _FEXTRA, _FCOMMENT, _FHCRC = 0x04, 0x10, 0x02
 _OFFLINE_HINT = {
     'fashion_mnist': ('install the Debian package: apt-get install '
                       'dataset-fashion-mnist'),
+    # ImageNet is never downloaded by TFDS: it reads the two archives from
+    # <data_dir>/downloads/manual/.
+    'imagenet2012': ('put ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar '
+                     '(from image-net.org) into <data_dir>/downloads/manual/ '
+                     'and run `tfds build imagenet2012 --file_format='
+                     'array_record --data_dir=<data_dir>`'),
 }
 
 
@@ -118,11 +125,21 @@ def get_builder(name: str, data_dir: str | None = None, *,
   import tensorflow_datasets as tfds  # Heavy import, kept local.
 
   try:
-    builder = tfds.builder(name, data_dir=data_dir)
+    # ArrayRecord: random access per record (`tfds.data_source`), which the
+    # input pipeline needs to read any example of any global batch.
+    builder = tfds.builder(name, data_dir=data_dir, file_format=FILE_FORMAT)
   except tfds.core.registered.DatasetNotFoundError as e:
     raise DatasetUnavailableError(
         f'unknown TFDS dataset {name!r}; check config.dataset.name.') from e
   if builder.is_prepared():
+    if builder.info.file_format.value != FILE_FORMAT:
+      raise DatasetUnavailableError(
+          f'dataset {name!r} in {builder.data_dir} is prepared as '
+          f'{builder.info.file_format.value}, but the input pipeline reads '
+          f'records at random and needs {FILE_FORMAT}. Fix: convert it once '
+          f'with `tfds convert_format --dataset_version_dir={builder.data_dir}'
+          f' --out_file_format={FILE_FORMAT}` (or rebuild with `tfds build '
+          f'{name} --file_format={FILE_FORMAT}`).')
     return builder
 
   if name == 'fashion_mnist' and _debian_files_present(fashion_mnist_source):
@@ -134,8 +151,8 @@ def get_builder(name: str, data_dir: str | None = None, *,
     return builder
 
   hint = _OFFLINE_HINT.get(name, f'prepare it where there is network (`tfds '
-                           f'build {name} --data_dir=...`) and copy that '
-                           'data_dir here')
+                           f'build {name} --file_format={FILE_FORMAT} '
+                           '--data_dir=...`) and copy that data_dir here')
   def unavailable(reason):
     return DatasetUnavailableError(
         f'dataset {name!r} is not prepared in {builder.data_dir_root} and '

@@ -1,24 +1,30 @@
-"""Deterministic global batches from a TFDS split held in host memory.
+"""Global batches from any random-access source, each process reading its part.
 
-The training order is a pure function of (seed, step): epoch e uses the
-permutation `default_rng([seed, e])`, and step s takes the s-th slice of it. So
-resuming at step s reproduces exactly the batches an uninterrupted run would
-have seen, with no iterator state to checkpoint. Each process materialises only
-its own contiguous part of every global batch (multi-host), and the batch lands
-on the mesh sharded along its first axis.
+One path for training and evaluation, for every dataset (`sources.py`):
+
+* Training order is a pure function of (seed, step): epoch e uses the
+  permutation `default_rng([seed, e])` of the split, and step s takes the s-th
+  slice of it. Resuming at step s reproduces exactly the batches an
+  uninterrupted run would have seen, for any number of processes, with no
+  iterator state to checkpoint: the step in the checkpoint is the input
+  position.
+* Each process reads and decodes only its contiguous part of every global
+  batch (`process_slice`), and the parts land on the mesh as one global array
+  (`jax.make_array_from_process_local_data`), sharded along its first axis.
+* Host memory is bounded: at most `prefetch` local batches are in flight
+  (grain reads them ahead on threads while the devices train), independent of
+  the dataset's size, except for `ArrayDataset`, a source that holds a small
+  split in memory on purpose.
 
 Augmented views are made on the devices by `augment.augment_batch` (jitted in
-the train loop), not here: this module only moves raw uint8 images.
-
-Small datasets (Fashion-MNIST, CIFAR, STL-10: under 3 GB as uint8) fit in host
-memory; ImageNet-size data streams through `streaming.StreamingTrainBatches`
-(same batch dict, tf.data on the host). Class-imbalanced variants of an
-`ArrayDataset` come from `imbalance.imbalanced_subset`.
+the train loop), not here: this module only moves uint8 images.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Iterator, Sequence
 
 import jax
 import numpy as np
@@ -26,7 +32,10 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class ArrayDataset:
-  """A dataset split as arrays. `index` is a stable per-example id."""
+  """A split held in host memory: a source (see `sources.py`) of arrays.
+
+  The position of an example is its stable id (`index` in training batches).
+  """
   images: np.ndarray   # [M, H, W, C] uint8
   labels: np.ndarray   # [M] int32
 
@@ -38,6 +47,9 @@ class ArrayDataset:
       raise ValueError(f'labels must have shape [{self.images.shape[0]}]; got '
                        f'{self.labels.shape}.')
 
+  def __len__(self) -> int:
+    return self.images.shape[0]
+
   @property
   def num_examples(self) -> int:
     return self.images.shape[0]
@@ -46,74 +58,42 @@ class ArrayDataset:
   def num_classes(self) -> int:
     return int(self.labels.max()) + 1
 
+  @property
+  def image_shape(self) -> tuple[int, int, int]:
+    return tuple(self.images.shape[1:])
 
-def from_tf_dataset(ds, image_key: str = 'image', label_key: str = 'label'
-                    ) -> ArrayDataset:
-  """Reads a finite `tf.data.Dataset` of {'image', 'label'} into memory."""
-  import tensorflow_datasets as tfds  # Heavy import, kept local.
-  batch = tfds.as_numpy(ds.batch(1 << 30).get_single_element())
-  images = np.asarray(batch[image_key])
-  if images.ndim == 3:
-    images = images[..., None]
-  return ArrayDataset(images.astype(np.uint8),
-                      np.asarray(batch[label_key]).astype(np.int32))
+  def read(self, indices) -> dict[str, np.ndarray]:
+    indices = np.asarray(indices, np.int64)
+    return {'image': self.images[indices], 'label': self.labels[indices]}
 
-
-def load_split(name: str, split: str, data_dir: str | None = None
-               ) -> ArrayDataset:
-  """Loads a TFDS split into memory, building the dataset if needed."""
-  from input_pipeline import datasets  # pylint: disable=g-import-not-at-top
-  builder = datasets.get_builder(name, data_dir)
-  ds = builder.as_dataset(split=split, shuffle_files=False)
-  return from_tf_dataset(ds)
+  @classmethod
+  def from_source(cls, source, chunk: int = 4096) -> 'ArrayDataset':
+    """Reads a whole source into memory."""
+    parts = [source.read(np.arange(i, min(i + chunk, len(source))))
+             for i in range(0, len(source), chunk)]
+    return cls(np.concatenate([p['image'] for p in parts]),
+               np.concatenate([p['label'] for p in parts]).astype(np.int32))
 
 
-class TrainBatches:
-  """Global training batches as a pure function of the step.
+class Subset:
+  """The examples `indices` of `source`, renumbered 0..len(indices)-1."""
 
-  Batches drop the remainder of each epoch so every batch is full (MoCo's queue
-  needs a constant batch size).
-  """
+  def __init__(self, source, indices: Sequence[int]):
+    self.source = source
+    self.indices = np.asarray(indices, np.int64)
+    self.num_classes = source.num_classes
+    self.image_shape = source.image_shape
 
-  def __init__(self, data: ArrayDataset, *, global_batch_size: int, seed: int,
-               sharding: jax.sharding.Sharding):
-    if global_batch_size > data.num_examples:
-      raise ValueError(
-          f'batch size {global_batch_size} exceeds the {data.num_examples} '
-          'training examples; lower config.batch_size.')
-    nproc = jax.process_count()
-    if global_batch_size % nproc:
-      raise ValueError(f'batch size {global_batch_size} is not divisible by '
-                       f'the {nproc} processes.')
-    self.data = data
-    self.global_batch_size = global_batch_size
-    self.seed = seed
-    self.sharding = sharding
-    self.steps_per_epoch = data.num_examples // global_batch_size
-    self._perm_cache: tuple[int, np.ndarray] | None = None
+  def __len__(self) -> int:
+    return len(self.indices)
 
-  def _permutation(self, epoch: int) -> np.ndarray:
-    if self._perm_cache is None or self._perm_cache[0] != epoch:
-      perm = np.random.default_rng([self.seed, epoch]).permutation(
-          self.data.num_examples)
-      self._perm_cache = (epoch, perm)
-    return self._perm_cache[1]
+  def read(self, indices) -> dict[str, np.ndarray]:
+    return self.source.read(self.indices[np.asarray(indices, np.int64)])
 
-  def global_indices(self, step: int) -> np.ndarray:
-    """The example ids of the global batch at `step`, [global_batch_size]."""
-    epoch, i = divmod(step, self.steps_per_epoch)
-    b = self.global_batch_size
-    return self._permutation(epoch)[i * b:(i + 1) * b]
 
-  def __call__(self, step: int) -> dict[str, jax.Array]:
-    """Returns {'image': [B,H,W,C] uint8, 'label': [B], 'index': [B]}."""
-    local = process_slice(self.global_indices(step), jax.process_index(),
-                          jax.process_count())
-    host = {'image': self.data.images[local],
-            'label': self.data.labels[local],
-            'index': local.astype(np.int32)}
-    return {k: jax.make_array_from_process_local_data(self.sharding, v)
-            for k, v in host.items()}
+@functools.lru_cache(maxsize=2)   # Thread-safe; prefetch threads share it.
+def _permutation(seed: int, num_examples: int, epoch: int) -> np.ndarray:
+  return np.random.default_rng([seed, epoch]).permutation(num_examples)
 
 
 def process_slice(global_batch: np.ndarray, process_index: int,
@@ -127,18 +107,95 @@ def process_slice(global_batch: np.ndarray, process_index: int,
   return global_batch[process_index * per_proc:(process_index + 1) * per_proc]
 
 
-def eval_batches(data: ArrayDataset, *, batch_size: int,
-                 sharding: jax.sharding.Sharding):
-  """Yields (images [B,H,W,C] uint8 on the mesh, n_valid) over the whole split.
+def _to_mesh(host: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
+  return {k: jax.make_array_from_process_local_data(sharding, v)
+          for k, v in host.items()}
 
-  The last batch is zero-padded to `batch_size` so one compiled function serves
-  every batch; callers drop the padded rows using `n_valid`.
+
+class TrainBatches:
+  """Global training batches as a pure function of the step.
+
+  Batches drop the remainder of each epoch so every batch is full (MoCo's queue
+  needs a constant batch size).
   """
-  for start in range(0, data.num_examples, batch_size):
-    chunk = data.images[start:start + batch_size]
-    n_valid = chunk.shape[0]
-    if n_valid < batch_size:
-      pad = np.zeros((batch_size - n_valid,) + chunk.shape[1:], chunk.dtype)
-      chunk = np.concatenate([chunk, pad])
-    local = process_slice(chunk, jax.process_index(), jax.process_count())
-    yield jax.make_array_from_process_local_data(sharding, local), n_valid
+
+  def __init__(self, source, *, global_batch_size: int, seed: int,
+               sharding: jax.sharding.Sharding, prefetch: int = 2):
+    num_examples = len(source)
+    if global_batch_size > num_examples:
+      raise ValueError(
+          f'batch size {global_batch_size} exceeds the {num_examples} '
+          'training examples; lower config.batch_size.')
+    nproc = jax.process_count()
+    if global_batch_size % nproc:
+      raise ValueError(f'batch size {global_batch_size} is not divisible by '
+                       f'the {nproc} processes.')
+    self.source = source
+    self.num_examples = num_examples
+    self.global_batch_size = global_batch_size
+    self.seed = seed
+    self.sharding = sharding
+    self.prefetch = prefetch
+    self.steps_per_epoch = num_examples // global_batch_size
+
+  def global_indices(self, step: int) -> np.ndarray:
+    """The example ids of the global batch at `step`, [global_batch_size]."""
+    epoch, i = divmod(step, self.steps_per_epoch)
+    b = self.global_batch_size
+    return _permutation(self.seed, self.num_examples, epoch)[i * b:(i + 1) * b]
+
+  def host_batch(self, step: int) -> dict[str, np.ndarray]:
+    """This process's part of batch `step`: image, label, index (numpy)."""
+    local = process_slice(self.global_indices(step), jax.process_index(),
+                          jax.process_count())
+    batch = self.source.read(local)
+    return {'image': batch['image'], 'label': batch['label'].astype(np.int32),
+            'index': local.astype(np.int32)}
+
+  def __call__(self, step: int) -> dict[str, jax.Array]:
+    """Returns {'image': [B,H,W,C] uint8, 'label': [B], 'index': [B]}."""
+    return _to_mesh(self.host_batch(step), self.sharding)
+
+  def iterate(self, start_step: int, stop_step: int
+              ) -> Iterator[dict[str, jax.Array]]:
+    """Batches start_step..stop_step-1, read `prefetch` steps ahead.
+
+    grain reads the host batches on threads, in order; each is a pure function
+    of its step, so where the iteration starts is the whole input state.
+    """
+    import grain  # pylint: disable=g-import-not-at-top
+    if stop_step <= start_step:
+      return
+    ds = grain.MapDataset.range(start_step, stop_step).map(self.host_batch)
+    it = ds.to_iter_dataset(grain.ReadOptions(
+        num_threads=self.prefetch, prefetch_buffer_size=self.prefetch))
+    for host in it:
+      yield _to_mesh(host, self.sharding)
+
+
+def eval_batches(source, *, batch_size: int, sharding: jax.sharding.Sharding
+                 ) -> Iterator[dict[str, jax.Array]]:
+  """The whole split once, in order: {'image', 'label', 'mask'} on the mesh.
+
+  Every process yields the same number of global batches; the last one is
+  zero-padded to `batch_size` with `mask` False, so one compiled function
+  serves every batch. Each process reads only its contiguous part of each.
+  """
+  n = len(source)
+  nproc, pid = jax.process_count(), jax.process_index()
+  if batch_size % nproc:
+    raise ValueError(f'eval batch size {batch_size} is not divisible by the '
+                     f'{nproc} processes.')
+  for start in range(0, n, batch_size):
+    ids = process_slice(np.arange(start, start + batch_size), pid, nproc)
+    valid = ids < n   # Past the end: padding, read as zeros.
+    batch = source.read(ids[valid])
+    pad = len(ids) - int(valid.sum())
+    host = {
+        'image': np.concatenate([batch['image'], np.zeros(
+            (pad,) + tuple(source.image_shape), np.uint8)]),
+        'label': np.concatenate([batch['label'].astype(np.int32),
+                                 np.zeros((pad,), np.int32)]),
+        'mask': valid,
+    }
+    yield _to_mesh(host, sharding)

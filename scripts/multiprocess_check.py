@@ -1,175 +1,251 @@
-"""Two processes x 4 CPU devices must train exactly like one process x 8.
+"""main.py as 2 processes x 4 devices must train like 1 process x 8, and resume.
 
-  .venv/bin/python scripts/multiprocess_check.py      # exit code 0 = match
+  .venv/bin/python scripts/multiprocess_check.py      # exit code 0 = pass
 
-Runs a few steps of MoCo v2 (queue sharded over the 8 devices, so across both
-processes) and InsDis (memory bank sharded likewise) through the real data
-path (`pipeline.TrainBatches`: each process loads only its part of every
-global batch), the augmentation and the jitted train step:
+Runs the real entry point, `main.py`, as separate processes joined through
+`JAX_COORDINATOR_ADDRESS` / `JAX_NUM_PROCESSES` / `JAX_PROCESS_ID` on
+localhost, on streamed data (`config.dataset.in_memory=False`: every process
+reads and decodes only its part of each batch), through pretraining, the
+online kNN, the final kNN and the linear probe:
 
-  1. a reference run in one process with 8 virtual devices;
-  2. two processes joined by `jax.distributed.initialize` on localhost, with 4
-     virtual devices each;
+1. A generated JPEG image folder (4 classes, 20x20 RGB decoded to 16x16),
+   MoCo v2 with its queue sharded over the 8 devices of both processes:
+   a. 1 process x 8 devices (the reference);
+   b. 2 processes x 4 devices, uninterrupted: must match (a);
+   c. 2 processes x 4 devices, sent SIGTERM mid-run (both must save the same
+      step, off the regular checkpoint schedule, and exit 143), resumed,
+      killed with SIGKILL mid-run, resumed to the end: must equal (b) exactly.
+2. Fashion-MNIST (TFDS ArrayRecord, slices of both splits), InsDis with its
+   memory bank sharded likewise: 1 x 8 against 2 x 4.
 
-and compares every leaf of the final states and the metrics (rtol 1e-3, atol
-1e-4 * max(1, max|x|)): the same mesh shape and program, so only the order of
-cross-device sums may differ (in-process all-reduce vs Gloo across processes),
-and float32 rounding differences of ~1e-7 grow to ~1e-4 of a leaf's scale in
-optimizer traces after a few steps (seen: 1.5e-4 on a BN-scale momentum trace
-of InsDis). A real sharding bug (a batch or queue row in the wrong place, a
-missing all-reduce) shows up as an O(1) relative difference. Too slow for the pytest budget (three JAX
-processes, each compiling two steps), so `.ci/run` calls it separately.
+Tolerance for 1 vs 2 processes. Same mesh shape, same program, same data in
+the same global order; the only difference is who sums across devices (XLA's
+in-process all-reduce vs Gloo across processes), which may reorder float32
+sums. Each reordering changes a sum by a few ulps (~1e-7 relative) and
+training amplifies that over the steps (measured here: see the printout). The
+bound used, 1e-3 of each array's scale, is ~100x above what rounding gives
+after these few steps and ~1000x below what a real sharding bug gives (a row
+in the wrong place, a missing all-reduce: O(1) relative differences). The
+runs are short (12 and 4 steps) because the reordering noise grows with
+every step (measured: InsDis at lr 0.125 reached 1e-2 of the parameters' scale
+and 1e-1 of the momentum traces' after 16 steps, with losses still within
+1.4e-4 and accuracies within 0.4%): a longer run would need a tolerance too
+loose to catch a bug.
+Accuracies may differ by near-tie flips: at most 1% of the test set (2 of
+256 images; the 30-iteration L-BFGS probe is not converged, so its path
+amplifies 1e-6 feature differences: 1 flip was seen).
+(1c) vs (1b) runs the same processes on the same data: bit-identical.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+import numpy as np
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = 3
-KINDS = ('moco_v2', 'insdis')
+sys.path.insert(0, REPO)
+from tests.synthetic_data import make_jpeg_folder  # pylint: disable=g-import-not-at-top,wrong-import-position
+RTOL = 1e-3          # Of each array's max |x|; see the module docstring.
+ACC_TOL = 0.01       # Accuracy difference: 2 of the 256 JPEG test images.
+ACC_KEYS = ('trained/knn_weighted_top1@5', 'trained/linear_top1',
+            'online/knn_top1@20')
+
+COMMON = [
+    '--config.model.encoder_kwargs.widths=(8,16)',
+    '--config.model.head_hidden_dim=32', '--config.model.head_out_dim=16',
+    '--config.batch_size=64', '--config.dataset.in_memory=False',
+    '--config.optimizer.name=sgd', '--config.optimizer.base_learning_rate=0.5',
+    '--config.log_every_steps=2', '--config.checkpoint_every_steps=4',
+    '--config.online.knn_every_steps=6', '--config.online.knn_k=20',
+    '--config.online.knn_bank_size=512', '--config.online.knn_num_queries=256',
+    '--config.eval.baselines=False', '--config.eval.batch_size=128',
+    '--config.eval.linear_max_iter=30',
+]
+JPEG = COMMON + [
+    '--config.dataset.name=image_folder', '--config.dataset.image_size=16',
+    '--config.num_epochs=1', '--config.method=moco', '--config.loss=infonce',
+    '--config.moco.queue_size=256', '--config.moco.momentum=0.9',
+]
+FMNIST = COMMON + [
+    '--config.dataset.train_split=train[:256]',
+    '--config.dataset.eval_split=test[:512]', '--config.num_epochs=1',
+    '--config.method=memory_bank', '--config.loss=insdis',
+    '--config.augment.num_views=1', '--config.memory_bank.num_negatives=256',
+]
 
 
-def _config(kind):
-  from configs import test as test_config  # pylint: disable=g-import-not-at-top
-  c = test_config.get_config()
-  c.model.encoder_kwargs.widths = (4, 8)
-  c.model.head_hidden_dim = 16
-  c.model.head_out_dim = 8
-  c.batch_size = 16
-  c.optimizer.name = 'sgd'
-  c.optimizer.base_learning_rate = 2.
-  if kind == 'moco_v2':
-    c.method, c.loss = 'moco', 'infonce'
-    c.loss_kwargs = {'temperature': 0.2, 'in_batch_negatives': False}
-    c.moco.momentum, c.moco.queue_size = 0.9, 32
-  else:
-    c.method, c.loss = 'memory_bank', 'insdis'
-    c.loss_kwargs = {'temperature': 0.1}
-    c.augment.num_views = 1
-    c.memory_bank.num_negatives = 24
-  return c
-
-
-def _train(kind, out_path):
-  """Trains STEPS steps on this process's mesh; process 0 writes an npz."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  sys.path.insert(0, REPO)
-  from contrastive_jax import models, train  # pylint: disable=g-import-not-at-top
-  from input_pipeline import augment, pipeline  # pylint: disable=g-import-not-at-top
-
-  config = _config(kind)
-  train.validate_config(config)
-  rng = np.random.default_rng(0)
-  data = pipeline.ArrayDataset(
-      rng.integers(0, 256, (48, 12, 12, 1)).astype(np.uint8),
-      rng.integers(0, 4, 48).astype(np.int32))
-  mesh = train.create_mesh()
-  sharding = NamedSharding(mesh, P('data'))
-  batches = pipeline.TrainBatches(data, global_batch_size=config.batch_size,
-                                  seed=0, sharding=sharding)
-  model = models.create_model(config)
-  tx = train.create_optimizer(config, 10)
-  method = train.Method.from_config(
-      config, total_steps=10, steps_per_epoch=batches.steps_per_epoch,
-      num_examples=data.num_examples)
-  init_fn, step_fn, _ = train.create_step_fns(config, model, tx, mesh, method,
-                                              data.images.shape[1:])
-  views_cfg = augment.get_views(config.augment.preset,
-                                config.augment.num_views)
-  aug_rng, step_rng = jax.random.split(jax.random.key(1))
-  augment_fn = jax.jit(
-      lambda step, images: augment.augment_batch(
-          jax.random.fold_in(aug_rng, step), images, views_cfg),
-      out_shardings=sharding)
-  state = init_fn(jax.random.key(0))
-  metrics = []
-  for step in range(STEPS):
-    b = batches(step)
-    state, m = step_fn(state, {'views': augment_fn(step, b['image']),
-                               'label': b['label'], 'index': b['index']},
-                       step_rng)
-    metrics.append(m)
-  leaves, _ = jax.tree_util.tree_flatten_with_path((state, metrics))
-  out = {}
-  for path, x in leaves:
-    out[jax.tree_util.keystr(path)] = np.asarray(
-        multihost_utils.process_allgather(x, tiled=True))
-  if jax.process_index() == 0:
-    np.savez(out_path, **out)
-
-
-def _worker(argv):
-  kind, out_path, port, pid, nproc = argv
-  import jax  # pylint: disable=g-import-not-at-top
-  if int(nproc) > 1:
-    jax.distributed.initialize(coordinator_address=f'localhost:{port}',
-                               num_processes=int(nproc),
-                               process_id=int(pid))
-  _train(kind, out_path)
-
-
-def _free_port():
+def _free_port() -> int:
   with socket.socket() as s:
     s.bind(('localhost', 0))
     return s.getsockname()[1]
 
 
-def _launch(kind, out_path, nproc, devices_per_proc):
+def launch(workdir: str, flags: list[str], *, nproc: int, devices: int,
+           interrupt: tuple[int, signal.Signals] | None = None) -> list[int]:
+  """Runs main.py as `nproc` processes; returns their exit codes.
+
+  interrupt=(step, sig): once the log of process 0 shows a checkpoint past
+  `step` being written, send `sig` (SIGTERM to process 1 only, as a
+  preemption notice reaches one host; SIGKILL to every process).
+  """
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', XLA_FLAGS=(
-      f'--xla_force_host_platform_device_count={devices_per_proc}'))
-  port = _free_port()
-  procs = [subprocess.Popen(
-      [sys.executable, __file__, '--worker', kind, out_path, str(port),
-       str(i), str(nproc)], env=env, cwd=REPO) for i in range(nproc)]
-  codes = [p.wait(timeout=600) for p in procs]
-  if any(codes):
-    raise SystemExit(f'{kind}: worker exit codes {codes}')
+      f'--xla_force_host_platform_device_count={devices}'))
+  if nproc > 1:
+    env.update(JAX_COORDINATOR_ADDRESS=f'localhost:{_free_port()}',
+               JAX_NUM_PROCESSES=str(nproc))
+  procs, logs = [], []
+  for i in range(nproc):
+    log = f'{workdir}.p{i}.log'
+    logs.append(log)
+    procs.append(subprocess.Popen(
+        [sys.executable, 'main.py', '--config=configs/test.py',
+         f'--workdir={workdir}', *flags],
+        env=dict(env, JAX_PROCESS_ID=str(i)), cwd=REPO,
+        stdout=open(log, 'ab'), stderr=subprocess.STDOUT))
+  if interrupt:
+    step, sig = interrupt
+    deadline = time.time() + 600
+    while time.time() < deadline and all(p.poll() is None for p in procs):
+      if _latest_step(workdir) >= step:
+        break
+      time.sleep(0.2)
+    targets = procs[1:] if sig == signal.SIGTERM else procs
+    for p in targets:
+      p.send_signal(sig)
+  codes = [p.wait(timeout=900) for p in procs]
+  for log, code in zip(logs, codes):
+    if code not in (0, 143, -signal.SIGKILL):
+      print(open(log, errors='replace').read()[-3000:])
+  return codes
 
 
-def main():
-  import numpy as np  # pylint: disable=g-import-not-at-top
+def _latest_step(workdir: str) -> int:
+  d = os.path.join(workdir, 'checkpoints')
+  steps = [int(x) for x in os.listdir(d) if x.isdigit()] if os.path.isdir(
+      d) else []
+  return max(steps, default=-1)
+
+
+def load_state(workdir: str) -> dict[str, np.ndarray]:
+  """The newest checkpoint's arrays, as numpy, keyed by their tree path."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  path = os.path.join(workdir, 'checkpoints', str(_latest_step(workdir)),
+                      'default')
+  ckptr = ocp.PyTreeCheckpointer()
+  meta = ckptr.metadata(path).item_metadata.tree
+  args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)
+  tree = ckptr.restore(path, restore_args=args)
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return {jax.tree_util.keystr(k): np.asarray(v) for k, v in flat}
+
+
+def compare(name: str, a_dir: str, b_dir: str, *, exact: bool) -> bool:
+  """Checkpoint arrays, logged losses and accuracies of two runs."""
+  a, b = load_state(a_dir), load_state(b_dir)
+  ok = sorted(a) == sorted(b)
+  worst, worst_key = 0., ''
+  for k in a:
+    x, y = a[k], b[k]
+    if exact or x.dtype.kind in 'iub':
+      if not np.array_equal(x, y):
+        print(f'  {name}: {k} differs')
+        ok = False
+      continue
+    scale = max(float(np.max(np.abs(x))), 1e-30) if x.size else 1.
+    rel = float(np.max(np.abs(x.astype(np.float64) - y))) / scale if (
+        x.size) else 0.
+    if rel > worst:
+      worst, worst_key = rel, k
+    if rel > RTOL:
+      print(f'  {name}: {k} differs by {rel:.3g} of its scale '
+            f'(tolerance {RTOL})')
+      ok = False
+  ra, rb = (json.load(open(os.path.join(d, 'results.json')))
+            for d in (a_dir, b_dir))
+  for k in ACC_KEYS:
+    diff = abs(ra[k] - rb[k])
+    if (exact and diff) or diff > ACC_TOL:
+      print(f'  {name}: {k} {ra[k]:.4f} vs {rb[k]:.4f}')
+      ok = False
+  ha, hb = (json.load(open(os.path.join(d, 'history.json')))
+            for d in (a_dir, b_dir))
+  la = np.array([h['loss'] for h in ha if 'loss' in h])
+  lb = np.array([h['loss'] for h in hb if 'loss' in h])
+  loss_rel = float(np.max(np.abs(la - lb) / np.abs(la))) if len(
+      la) == len(lb) else float('inf')
+  if loss_rel > (0 if exact else RTOL):
+    print(f'  {name}: logged losses differ by {loss_rel:.3g} (relative)')
+    ok = False
+  print(f'  {name}: {len(a)} arrays, {len(la)} logged losses, '
+        f'{len(ACC_KEYS)} accuracies; '
+        + ('bit-identical' if exact and ok else
+           f'worst array difference {worst:.2e} of scale ({worst_key}), '
+           f'losses {loss_rel:.2e}')
+        + f' -> {"ok" if ok else "FAILED"}')
+  print(f'    accuracies: ' + ', '.join(
+      f'{k} {ra[k]:.4f}/{rb[k]:.4f}' for k in ACC_KEYS))
+  return ok
+
+
+def main() -> int:
   t0 = time.time()
   ok = True
   with tempfile.TemporaryDirectory() as tmp:
-    for kind in KINDS:
-      ref, multi = f'{tmp}/{kind}_ref.npz', f'{tmp}/{kind}_multi.npz'
-      _launch(kind, ref, nproc=1, devices_per_proc=8)
-      _launch(kind, multi, nproc=2, devices_per_proc=4)
-      a, b = np.load(ref), np.load(multi)
-      assert sorted(a.files) == sorted(b.files)
-      worst = 0.
-      for k in a.files:
-        x, y = a[k], b[k]
-        if x.dtype.kind in 'iu' or x.dtype == bool:
-          if not np.array_equal(x, y):
-            print(f'{kind}: {k} differs (integer)')
-            ok = False
-          continue
-        tol = 1e-4 * max(1., float(np.max(np.abs(x))) if x.size else 1.)
-        err = np.abs(x.astype(np.float64) - y) - 1e-3 * np.abs(x)
-        excess = float(np.max(err)) if x.size else 0.
-        worst = max(worst, excess / tol)
-        if excess > tol:
-          print(f'{kind}: {k} differs by {excess + tol:.3g} (tol {tol:.3g})')
-          ok = False
-      print(f'{kind}: {len(a.files)} arrays compared after {STEPS} steps; '
-            f'worst error / tolerance = {worst:.3f}')
+    folder = os.path.join(tmp, 'jpeg')
+    make_jpeg_folder(folder)
+    jpeg = JPEG + [f'--config.dataset.data_dir={folder}']
+    w = {k: os.path.join(tmp, k) for k in
+         ('jpeg_1x8', 'jpeg_2x4', 'jpeg_2x4_interrupted', 'fm_1x8', 'fm_2x4')}
+
+    def run(key, flags, nproc, devices, want=0, interrupt=None):
+      t = time.time()
+      codes = launch(w[key], flags, nproc=nproc, devices=devices,
+                     interrupt=interrupt)
+      print(f'{key}: exit codes {codes} in {time.time() - t:.0f} s')
+      good = all(c == want for c in codes)
+      if not good:
+        print(f'  {key}: expected exit code {want} from every process')
+      return good
+
+    ok &= run('jpeg_1x8', jpeg, 1, 8)
+    ok &= run('jpeg_2x4', jpeg, 2, 4)
+    ok = ok and compare('JPEG MoCo v2, 1x8 vs 2x4', w['jpeg_1x8'],
+                        w['jpeg_2x4'], exact=False)
+
+    # Preemption: SIGTERM to one process once step 4 is saved; every process
+    # must save the step they agree on and exit 143.
+    key = 'jpeg_2x4_interrupted'
+    ok &= run(key, jpeg, 2, 4, want=143, interrupt=(4, signal.SIGTERM))
+    saved = _latest_step(w[key])
+    print(f'  SIGTERM: checkpoint saved at step {saved}')
+    if saved < 5:
+      print('  SIGTERM: no checkpoint past the step-4 one was saved')
+      ok = False
+    # SIGKILL mid-run (after the step-8 checkpoint), then resume to the end.
+    launch(w[key], jpeg, nproc=2, devices=4,
+           interrupt=(max(saved + 1, 8), signal.SIGKILL))
+    print(f'  SIGKILL: latest complete checkpoint {_latest_step(w[key])}')
+    ok &= run(key, jpeg, 2, 4)
+    ok = ok and compare('JPEG MoCo v2, interrupted vs uninterrupted 2x4',
+                        w['jpeg_2x4'], w[key], exact=True)
+
+    ok &= run('fm_1x8', FMNIST, 1, 8)
+    ok &= run('fm_2x4', FMNIST, 2, 4)
+    ok = ok and compare('Fashion-MNIST InsDis, 1x8 vs 2x4', w['fm_1x8'],
+                        w['fm_2x4'], exact=False)
   print(f'multiprocess check {"PASSED" if ok else "FAILED"} in '
         f'{time.time() - t0:.0f} s')
   return 0 if ok else 1
 
 
 if __name__ == '__main__':
-  if len(sys.argv) > 1 and sys.argv[1] == '--worker':
-    _worker(sys.argv[2:])
-  else:
-    sys.exit(main())
+  sys.exit(main())

@@ -1,5 +1,7 @@
 """Small synthetic image datasets for end-to-end tests (no TFDS needed)."""
 
+import os
+
 import numpy as np
 
 from input_pipeline import pipeline
@@ -18,3 +20,23 @@ def stripes_and_brightness(n: int, seed: int) -> pipeline.ArrayDataset:
   images += (labels // 2)[:, None, None, None] * 0.2
   return pipeline.ArrayDataset((np.clip(images, 0, 1) * 255).astype(np.uint8),
                                labels)
+
+
+def make_jpeg_folder(root: str, num_train: int = 768, num_test: int = 256,
+                     seed: int = 0) -> None:
+  """root/{train,test}/class_c/*.jpg: 4 classes told by stripes and colour."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  for split, n in (('train', num_train), ('test', num_test)):
+    labels = np.arange(n) % 4
+    for i, c in enumerate(labels):
+      # Faint cues under strong noise, so accuracies stay below 100% and a
+      # wrong feature row would show.
+      img = rng.random((20, 20, 3)) * 0.8
+      if c % 2:
+        img[:, ::3] += 0.15                  # vertical stripes
+      img[..., c // 2] += 0.12               # red or green tint
+      d = os.path.join(root, split, f'class_{c}')
+      os.makedirs(d, exist_ok=True)
+      Image.fromarray((np.clip(img, 0, 1) * 255).astype(np.uint8)).save(
+          os.path.join(d, f'{i:05d}.jpg'), quality=90)

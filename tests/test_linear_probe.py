@@ -134,3 +134,30 @@ def test_presets_and_step_schedule():
     linear_probe.train_linear_probe(np.zeros((4, 2)), np.zeros(4, int),
                                     np.zeros((4, 2)), np.zeros(4, int),
                                     num_classes=2, preset='simclr')
+
+
+def test_masked_rows_are_left_out_of_the_fit_and_the_accuracy():
+  # Padding rows (mask False) of a multi-process feature array: the probe on
+  # the masked arrays must equal the probe on the real rows alone.
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(120, 6)).astype(np.float32)
+  y = (x[:, 0] > 0).astype(np.int32) + 2 * (x[:, 1] > 0)
+  mask = rng.random(120) > 0.3
+  noisy_x = x.copy()
+  noisy_x[~mask] = 50.            # would dominate the fit if counted
+  noisy_y = np.where(mask, y, 3)
+  kw = dict(num_classes=4, l2=1e-3, max_iter=200)
+  want = linear_probe.logistic_regression(x[mask][:60], y[mask][:60],
+                                          x[mask][60:], y[mask][60:], **kw)
+  n_train = np.flatnonzero(mask)[59] + 1     # first 60 real rows: train
+  got = linear_probe.logistic_regression(
+      noisy_x[:n_train], noisy_y[:n_train], noisy_x[n_train:],
+      noisy_y[n_train:], train_mask=mask[:n_train], test_mask=mask[n_train:],
+      **kw)
+  for k in ('top1', 'top5', 'train_top1'):
+    assert got[k] == want[k], k
+  # Same objective, summed in float32 over different row counts: the L-BFGS
+  # iterates may differ by reassociation noise (~1e-7 relative per pass), and
+  # at the optimum the objective is flat in them, so 1e-5 relative (~80 ulps)
+  # bounds it; a counted padding row would move it by O(1).
+  assert abs(got['loss'] - want['loss']) <= 1e-5 * abs(want['loss'])

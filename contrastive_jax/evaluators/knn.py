@@ -135,19 +135,19 @@ def _vote(sims, labels, temperature, *, ks, num_classes):
   return jnp.stack(weighted_preds), jnp.stack(majority_preds)
 
 
-def _predict_local(bank, labels, queries, temperature, *, axis, ks,
-                   num_classes, num_valid, normalize):
+def _predict_local(bank, labels, valid, queries, temperature, *, axis, ks,
+                   num_classes, normalize):
   """Predictions for all query chunks against one bank shard (or all of it).
 
   Args:
     bank: [n_local, D] bank rows held by this device.
     labels: [n_local] int32 labels of those rows.
+    valid: [n_local] bool, False for padding rows (never selected).
     queries: [num_chunks, chunk, D] queries (already normalised if asked).
     temperature: scalar T.
     axis: mesh axis name the bank is sharded over, or None if unsharded.
     ks: ascending tuple of k.
     num_classes: number of classes.
-    num_valid: rows with global index >= num_valid are padding.
     normalize: scale similarities by 1 / ||bank row||.
 
   Returns:
@@ -156,9 +156,6 @@ def _predict_local(bank, labels, queries, temperature, *, axis, ks,
   n_local = bank.shape[0]
   kmax = ks[-1]
   local_k = min(kmax, n_local)
-  offset = 0 if axis is None else jax.lax.axis_index(axis) * n_local
-  global_idx = offset + jnp.arange(n_local, dtype=jnp.int32)
-  valid = global_idx < num_valid
   if normalize:
     # Cosine = (q / |q|) . b * (1 / |b|): scaling the columns of the
     # similarity block avoids materialising a normalised copy of the bank.
@@ -194,19 +191,20 @@ def _predict_local(bank, labels, queries, temperature, *, axis, ks,
 
 @functools.partial(
     jax.jit,
-    static_argnames=('num_classes', 'ks', 'mesh', 'query_chunk', 'normalize',
-                     'num_valid'))
-def _knn_predict(bank_feats, bank_labels, query_feats, temperature, *,
-                 num_classes, ks, mesh, query_chunk, normalize, num_valid):
+    static_argnames=('num_classes', 'ks', 'mesh', 'query_chunk', 'normalize'))
+def _knn_predict(bank_feats, bank_labels, bank_valid, query_feats, temperature,
+                 *, num_classes, ks, mesh, query_chunk, normalize):
   n, d = bank_feats.shape
   q = query_feats.shape[0]
   labels = jnp.asarray(bank_labels, jnp.int32)
+  valid = jnp.asarray(bank_valid, bool)
   if mesh is not None:
     axis = _bank_axis(mesh)
     n_pad = -n % mesh.shape[axis]
     if n_pad:  # Skipped when divisible, so a pre-sharded bank is not copied.
       bank_feats = jnp.pad(bank_feats, ((0, n_pad), (0, 0)))
       labels = jnp.pad(labels, (0, n_pad))
+      valid = jnp.pad(valid, (0, n_pad))
   else:
     axis = None
   query = (l2_normalize(query_feats) if normalize
@@ -215,17 +213,18 @@ def _knn_predict(bank_feats, bank_labels, query_feats, temperature, *,
   query = query.reshape(-1, query_chunk, d)
   fn = functools.partial(
       _predict_local, axis=axis, ks=ks, num_classes=num_classes,
-      num_valid=num_valid, normalize=normalize)
+      normalize=normalize)
   if mesh is not None:
     # Bank and labels split along examples; queries and outputs replicated
     # (the merged top-k is identical on every device after the all-gather).
     bank_feats = _place(bank_feats, mesh, P(axis, None))
     labels = _place(labels, mesh, P(axis))
+    valid = _place(valid, mesh, P(axis))
     query = _place(query, mesh, P())
     fn = jax.shard_map(fn, mesh=mesh,
-                       in_specs=(P(axis, None), P(axis), P(), P()),
+                       in_specs=(P(axis, None), P(axis), P(axis), P(), P()),
                        out_specs=(P(), P()))
-  weighted, majority = fn(bank_feats, labels, query,
+  weighted, majority = fn(bank_feats, labels, valid, query,
                           jnp.asarray(temperature, jnp.float32))
   # [num_chunks, len(ks), chunk] -> [len(ks), Q]
   unchunk = lambda p: jnp.moveaxis(p, 1, 0).reshape(len(ks), -1)[:, :q]
@@ -236,7 +235,8 @@ def knn_predict(bank_feats, bank_labels, query_feats, *, num_classes: int,
                 ks: Sequence[int] = (200,), temperature: float = 0.1,
                 mesh: jax.sharding.Mesh | None = None,
                 query_chunk: int | None = None, normalize: bool = True,
-                num_valid: int | None = None) -> KnnPredictions:
+                num_valid: int | None = None,
+                bank_mask=None) -> KnnPredictions:
   """Per-query kNN predictions (weighted and majority vote) for several k.
 
   The computation is one jitted program (recompiled only when shapes or the
@@ -258,6 +258,9 @@ def knn_predict(bank_feats, bank_labels, query_feats, *, num_classes: int,
       similarity is the raw dot product.
     num_valid: only bank rows [0, num_valid) are real; later rows are padding
       (e.g. a bank pre-padded to a multiple of the device count). Default N.
+    bank_mask: [N] bool, False for padding rows anywhere in the bank (e.g.
+      the padded tail of each process's part of a multi-process bank).
+      Overrides num_valid; k is then only checked against N.
 
   Returns:
     KnnPredictions(weighted, majority), each [len(ks), Q] int32, row i for
@@ -283,11 +286,12 @@ def knn_predict(bank_feats, bank_labels, query_feats, *, num_classes: int,
     query_chunk = auto_query_chunk(q, math.ceil(n / num_shards))
   if query_chunk < 1:
     raise ValueError(f'query_chunk must be >= 1; got {query_chunk}.')
+  if bank_mask is None:
+    bank_mask = np.arange(n) < num_valid
   weighted, majority = _knn_predict(
-      bank_feats, bank_labels, query_feats, temperature,
+      bank_feats, bank_labels, bank_mask, query_feats, temperature,
       num_classes=int(num_classes), ks=sorted_ks, mesh=mesh,
-      query_chunk=int(query_chunk), normalize=bool(normalize),
-      num_valid=num_valid)
+      query_chunk=int(query_chunk), normalize=bool(normalize))
   rows = np.array([sorted_ks.index(k) for k in ks_list])
   return KnnPredictions(weighted[rows], majority[rows])
 
@@ -328,8 +332,13 @@ def knn_evaluate(bank_feats, bank_labels, query_feats, query_labels, *,
                  temperature: float = 0.1,
                  mesh: jax.sharding.Mesh | None = None,
                  query_chunk: int | None = None,
-                 normalize: bool = True) -> dict[str, float]:
+                 normalize: bool = True, bank_mask=None,
+                 query_mask=None) -> dict[str, float]:
   """kNN top-1 accuracy (weighted and majority vote) for every k in `ks`.
+
+  Inputs may be host arrays or global jax Arrays sharded over processes (the
+  multi-host case: no process holds all features); accuracies are computed on
+  the devices and come back as replicated scalars.
 
   Args:
     bank_feats: [N, D] features of the (un-augmented) training set.
@@ -342,34 +351,51 @@ def knn_evaluate(bank_feats, bank_labels, query_feats, query_labels, *,
     mesh: optional mesh; the bank is sharded over its 'data' (or first) axis.
     query_chunk: queries per step (None: automatic, see `knn_predict`).
     normalize: cosine similarity (True, the InstDisc protocol) or raw dot.
+    bank_mask: [N] bool, False for padding rows (default: all real).
+    query_mask: [Q] bool, False for padding queries, which are not counted.
 
   Returns:
     {'knn_weighted_top1@{k}': acc, 'knn_majority_top1@{k}': acc} for each k,
     accuracies as Python floats in [0, 1].
   """
-  query_labels = np.asarray(query_labels)
   q = np.shape(query_feats)[0]
-  if query_labels.shape != (q,):
+  if np.shape(query_labels) != (q,):
     raise ValueError(f'query_labels must have shape [{q}]; got '
-                     f'{query_labels.shape}.')
-  host_labels = np.asarray(bank_labels)
-  if host_labels.size and (host_labels.min() < 0 or
-                           host_labels.max() >= num_classes):
-    raise ValueError(f'bank_labels must lie in [0, {num_classes}).')
+                     f'{np.shape(query_labels)}.')
+  if not isinstance(bank_labels, jax.Array):
+    host_labels = np.asarray(bank_labels)
+    if host_labels.size and (host_labels.min() < 0 or
+                             host_labels.max() >= num_classes):
+      raise ValueError(f'bank_labels must lie in [0, {num_classes}).')
   num_valid = None
-  if mesh is not None:
+  if mesh is not None and bank_mask is None:
     bank_feats, bank_labels, num_valid = shard_bank(bank_feats, bank_labels,
                                                     mesh)
   preds = knn_predict(
       bank_feats, bank_labels, query_feats, num_classes=num_classes, ks=ks,
       temperature=temperature, mesh=mesh, query_chunk=query_chunk,
-      normalize=normalize, num_valid=num_valid)
-  weighted = np.asarray(preds.weighted)
-  majority = np.asarray(preds.majority)
+      normalize=normalize, num_valid=num_valid, bank_mask=bank_mask)
+  if query_mask is None:
+    query_mask = np.ones((q,), bool)
+  weighted, majority, count = _correct_counts(
+      preds.weighted, preds.majority, query_labels, query_mask)
+  count = int(count)
   metrics = {}
   for i, k in enumerate(ks):
-    metrics[f'knn_weighted_top1@{k}'] = float(np.mean(weighted[i] ==
-                                                      query_labels))
-    metrics[f'knn_majority_top1@{k}'] = float(np.mean(majority[i] ==
-                                                      query_labels))
+    metrics[f'knn_weighted_top1@{k}'] = int(weighted[i]) / count
+    metrics[f'knn_majority_top1@{k}'] = int(majority[i]) / count
   return metrics
+
+
+@jax.jit
+def _correct_counts(weighted, majority, labels, mask):
+  """Per-k counts of correct unmasked predictions, and the unmasked count.
+
+  Integer 0-d scalars: exact (the fraction is taken on the host in float64),
+  and replicated by construction, so every process can read them even when
+  the labels are sharded over processes.
+  """
+  labels = jnp.asarray(labels, jnp.int32)[None]
+  mask = jnp.asarray(mask, bool)[None]
+  correct = lambda p: list(jnp.sum((p == labels) & mask, axis=1))
+  return correct(weighted), correct(majority), jnp.sum(mask)

@@ -1,0 +1,63 @@
+"""Process start-up shared by the entry points: distributed JAX and the mesh.
+
+Launching on several hosts. Every process runs the same command. On clusters
+JAX detects by itself (Cloud TPU pods, SLURM, Open MPI), set
+`JAX_DISTRIBUTED=1` (or `JAX_COORDINATOR_ADDRESS`) and nothing else. Anywhere
+else, including N processes on one machine, set on every process:
+
+  JAX_COORDINATOR_ADDRESS=host0:1234   # process 0's host, a free port
+  JAX_NUM_PROCESSES=N
+  JAX_PROCESS_ID=i                     # 0 .. N-1, distinct per process
+
+With none of these, the job is a single process over its local devices.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+
+def initialize_distributed() -> None:
+  """Joins the processes of a multi-host job (no-op for a single process)."""
+  address = os.environ.get('JAX_COORDINATOR_ADDRESS')
+  if not address and os.environ.get('JAX_DISTRIBUTED', '0') in ('0', ''):
+    return
+  kwargs = {}
+  if address:
+    kwargs['coordinator_address'] = address
+  for key, env in (('num_processes', 'JAX_NUM_PROCESSES'),
+                   ('process_id', 'JAX_PROCESS_ID')):
+    if os.environ.get(env):
+      try:
+        kwargs[key] = int(os.environ[env])
+      except ValueError as e:
+        raise ValueError(f'{env}={os.environ[env]!r} must be an integer.'
+                         ) from e
+  if ('num_processes' in kwargs) != ('process_id' in kwargs):
+    raise ValueError('set both JAX_NUM_PROCESSES and JAX_PROCESS_ID (or '
+                     'neither, on a cluster JAX detects by itself).')
+  if 'process_id' in kwargs and not (
+      0 <= kwargs['process_id'] < kwargs['num_processes']):
+    raise ValueError(f'JAX_PROCESS_ID={kwargs["process_id"]} must be in '
+                     f'[0, JAX_NUM_PROCESSES={kwargs["num_processes"]}).')
+  jax.distributed.initialize(**kwargs)
+
+
+def create_mesh(devices=None) -> jax.sharding.Mesh:
+  """A 1-D data-parallel mesh, axis 'data', over every device of every process.
+
+  Auto axis types, on purpose: the losses are sharding-agnostic functions of
+  the *global* batch (every embedding is compared with every other), and Auto
+  lets the partitioner insert the collectives this needs, instead of each
+  loss carrying explicit `out_sharding` annotations.
+
+  Args:
+    devices: the devices to span; default all. Tests pass
+      `jax.devices()[:1]` for a 1-device mesh in-process.
+  """
+  devices = jax.devices() if devices is None else list(devices)
+  return jax.make_mesh((len(devices),), ('data',),
+                       axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=devices)
