@@ -579,7 +579,7 @@ def write_report(records: list[dict], runs: Sequence[Run], report: str,
     lines.append(
         f'| {run.variant} | {run.method} | {c.get(key + ("knn",), Cell([])).fmt()} | '
         f'{c.get(key + ("linear",), Cell([])).fmt()} | '
-        f'{sum(secs) / len(secs) if secs else math.nan:.0f} |')
+        f'{f"{sum(secs) / len(secs):.0f}" if secs else "-"} |')
   base = [r for r in records if r['variant'] == 'baselines']
   bc = {rep: cells(base, rep) for rep in ('raw_pixels', 'random_init')}
   lines += ['', '### Baselines (no pretraining)', '',
