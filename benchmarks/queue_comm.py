@@ -1,4 +1,4 @@
-r"""Bytes moved by collectives per MoCo step: gathered queue vs. sharded queue.
+r"""Bytes moved by collectives per step: gathered vs. sharded queue and bank.
 
 Run from the repository root (8 virtual CPU devices are set up here):
 
@@ -31,8 +31,18 @@ warm-up steps on this CPU (8 virtual devices share 2 cores, so the time an
 all-gather costs here is a memory copy, not network time; the bytes column is
 what carries over to a pod).
 
-`--bank` (default on) also compiles the InsDis memory-bank step (60000-row
-bank, D = 128, 4096 negatives) and reports whether it all-gathers the bank.
+`--bank` (default on) also compiles the InsDis memory-bank step of
+`configs/insdis.py` with the paper's m = 4096 noise rows per instance
+(60000-row bank, D = 128, batch 256) in two layouts:
+
+* gathered (before): the noise rows were read as `bank[ids]` with [B, K]
+  global row ids drawn uniformly over the data. On the row-sharded bank XLA
+  all-gathers the whole [rows, D] bank for that gather on every step (29 MiB
+  per device here, 625 MiB at ImageNet's 1.28M rows). Rebuilt here by
+  swapping that old read (`gathered_bank_noise`) into `state_lib`;
+* sharded (now): `state.sample_bank_noise`, each device draws K / 8 rows per
+  instance from its own shard, so the [B, K, D] noise stays sharded along K
+  and only the small [B, D] embeddings and [B]-sized partial sums move.
 """
 
 from __future__ import annotations
@@ -98,6 +108,20 @@ def gathered_enqueue(queue, ptr, keys):
   keys = jax.lax.stop_gradient(keys).astype(queue.dtype)
   new_queue = jax.lax.dynamic_update_slice(queue, keys, (ptr, 0))
   return new_queue, ((ptr + b) % q).astype(ptr.dtype)
+
+
+def gathered_bank_noise(bank, key, *, batch, num_negatives, num_examples,
+                        mesh=None):
+  """InsDis's noise read before the change (the 'gathered' variant only).
+
+  Same signature as `state.sample_bank_noise`: [batch, K] global row ids
+  drawn uniformly from [0, num_examples) and read with one `bank[ids]`,
+  which XLA partitions by all-gathering the row-sharded bank.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  del mesh
+  ids = jax.random.randint(key, (batch, num_negatives), 0, num_examples)
+  return bank[ids]
 
 
 def _moco_config(queue_size: int, dim: int, batch: int):
@@ -230,13 +254,25 @@ def main(argv=None) -> None:
                      args.hlo_dir))
   if args.bank:
     bank_cfg = _bank_config(args.dim, args.batch, 4096)
-    hlo, step_s, compile_s = _compile_and_time(bank_cfg, num_examples=60_000,
-                                               steps=args.steps)
-    rows.append(_row('insdis bank 60000 rows', hlo, step_s, compile_s,
-                     (60_000, args.dim), args.hlo_dir))
+    sharded_noise = state_lib.sample_bank_noise
+    for label, noise in (('insdis gathered (before)', gathered_bank_noise),
+                         ('insdis sharded (now)', sharded_noise)):
+      state_lib.sample_bank_noise = noise
+      try:
+        hlo, step_s, compile_s = _compile_and_time(
+            bank_cfg, num_examples=60_000, steps=args.steps)
+      finally:
+        state_lib.sample_bank_noise = sharded_noise
+      rows.append(_row(label, hlo, step_s, compile_s, (60_000, args.dim),
+                       args.hlo_dir))
   before, after = rows[0]['total'], rows[1]['total']
   print(f'\nqueue layout: {before / 2**20:.2f} -> {after / 2**20:.2f} MiB per '
         f'device per step ({before / max(after, 1):.1f}x less)')
+  if args.bank:
+    before, after = rows[2]['total'], rows[3]['total']
+    print(f'bank noise (InsDis, 60000 x {args.dim} bank, batch {args.batch}, '
+          f'K=4096): {before / 2**20:.2f} -> {after / 2**20:.2f} MiB per '
+          f'device per step ({before / max(after, 1):.1f}x less)')
   print('("Q-gath": all-gathers whose result is the whole [Q, D] queue, or '
         'for the bank row the whole [rows, D] bank)')
   for row in rows:

@@ -9,8 +9,9 @@
     have been formed on the devices that hold the rows. The same search does
     find the all-gather in two deliberately gathered variants (the old
     `dynamic_update_slice` enqueue; the queue replicated at the loss), so the
-    check can fail. The memory-bank (InsDis) step is checked for an
-    all-gather of the whole bank (expected to fail for now: see its mark).
+    check can fail. The memory-bank steps (InsDis, CMC) are checked the same
+    way for the [N, D] bank, and the check finds the bank all-gather in the
+    old InsDis noise read (tests/test_bank_sharding.py tests the sampler).
 (b) Loss and gradient of each queue loss computed sharded as in the step
     (queries and keys split by instance, queue by rows over 8 devices) equal
     the unsharded 1-device computation to a float32 bound derived below; and
@@ -136,17 +137,33 @@ def test_the_check_finds_a_gathered_queue(variant, monkeypatch):
   assert _queue_traffic(hlo)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    'issue 11: with per-instance noise rows ([B, K] indices), XLA all-gathers '
-    'the whole row-sharded bank for `state.bank[neg_idx]`; with one shared '
-    '[K] sample it read the rows by a masked local gather + an all-reduce of '
-    'the [K, D] rows. Drop this mark once the bank negatives are read where '
-    'the rows live.'))
-def test_memory_bank_step_does_not_gather_the_bank():
+def _bank_traffic(hlo: str) -> list:
+  """All-gathers of the whole bank, or any collective with an N_DATA axis."""
+  return (queue_comm.gathers_of(hlo, (N_DATA, D)) +
+          [c for c in queue_comm.collectives(hlo) if N_DATA in c.shape])
+
+
+@pytest.mark.parametrize('loss', ['insdis', 'cmc'])
+def test_memory_bank_step_does_not_gather_the_bank(loss):
   # The bank is sharded by rows like the queue; no step may gather it whole.
+  # InsDis draws its [B, K] noise rows per device from the device's own
+  # shard (state.sample_bank_noise); CMC's one shared [K] sample is read by
+  # a masked local gather and an all-reduce of the [K, D] rows.
+  config = _config('insdis')
+  if loss == 'cmc':
+    config.loss, config.loss_kwargs = 'cmc', {'temperature': 0.1}
+    config.augment.num_views = 2
+    train.validate_config(config)
+  assert _bank_traffic(_step_hlo(config)) == []
+
+
+def test_the_check_finds_a_gathered_bank(monkeypatch):
+  # The inspection above must be able to fail: the InsDis noise read as
+  # bank[ids] with global [B, K] ids (before issue 11) gathers the bank.
+  monkeypatch.setattr(state_lib, 'sample_bank_noise',
+                      queue_comm.gathered_bank_noise)
   hlo = _step_hlo(_config('insdis'))
-  assert queue_comm.gathers_of(hlo, (N_DATA, D)) == []
-  assert not any(N_DATA in c.shape for c in queue_comm.collectives(hlo))
+  assert queue_comm.gathers_of(hlo, (N_DATA, D))
 
 
 # --- (b) Sharded and unsharded numbers agree. ------------------------------
