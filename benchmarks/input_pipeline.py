@@ -1,30 +1,56 @@
-r"""Input-pipeline throughput vs the default train step's consumption.
+r"""The streamed input pipeline on this CPU: host memory, images/s vs PyTorch.
 
-Run from the repository root (about 2-4 minutes on the shared 2-core CPU):
+Run from the repository root (6-9 minutes on the shared 2-core CPU; the
+first run also writes the JPEG sets, ~1 minute, cached under --cache_dir):
 
     PYTHONPATH=. .venv/bin/python benchmarks/input_pipeline.py
-    PYTHONPATH=. .venv/bin/python benchmarks/input_pipeline.py \
-        --data_dir=/tmp/tfds_test --iters=5
+    PYTHONPATH=. .venv/bin/python benchmarks/input_pipeline.py --quick
 
-What is timed (views/s = images x V per second, wall clock, after warm-up):
+The PyTorch peer needs an interpreter with torch, which the project does not
+install (the peer's row is skipped, and says so, without it):
 
-* jax: `TrainBatches(step)` (host uint8 batch placed on the 8-device mesh)
-  plus `augment_batch` jitted on the mesh exactly as `train.py` builds
-  `augment_fn`. Fashion-MNIST uses the default preset `fmnist`; the synthetic
-  32x32x3 set uses `cifar_small` (crop, flip, colour jitter, grayscale).
-* tf.data: a per-image `Dataset.map` doing the same crop (random resized crop,
-  scale as the preset's) + flip per view, batched, as a host pipeline would.
-  It omits the colour ops and erasing, so it flatters tf.data.
-* train step: `contrastive_jax.train.train_step` of configs/default.py
-  (small CNN, NT-Xent, batch 512, 2 views) on the same mesh, built with
-  `train.create_step_fns` as `train_and_evaluate` builds it. Its consumption
-  in views/s is compared with each pipeline row (a V-view step costs about V/2
-  of the 2-view step, so views/s is the comparable unit).
+    python3 -m venv /tmp/torchvenv
+    /tmp/torchvenv/bin/pip install torch==2.13.0 numpy pillow
 
-Caveat printed with the results: on this CPU the pipeline and the train step
-share the same 2 cores (and other users' jobs), so the numbers are noisy and
-the ratio is a lower bound on what an accelerator (where augmentation runs
-on the device next to the step) would see.
+One run prints four tables:
+
+1. Host RSS of the streamed path for two dataset sizes (default 1,000 and
+   8,000 JPEGs of ~256x256, generated once): a fresh subprocess per size
+   lists the folder (`sources.ImageFolder`), builds `pipeline.TrainBatches`
+   on the 8-device mesh and streams `--rss_steps` global batches through
+   `iterate()` (decode + fit to 224 px on the thread pool, grain prefetch,
+   `make_array_from_process_local_data`); by default one epoch of the larger
+   set, so both read the same number of images. The peak (VmHWM, reset
+   through /proc/self/clear_refs after set-up; else getrusage's lifetime
+   maxrss) must not grow with the dataset; the in-memory `ArrayDataset` of
+   the same split would hold N x 224 x 224 x 3 bytes (printed for scale).
+2. Input images/s at 224 px with SimCLR's augmentations, 2 views
+   (`augment.PRESETS['simclr']`: random resized crop (0.08, 1), flip, colour
+   jitter strength 1 at p 0.8, grayscale 0.2, blur 0.5), on the larger set:
+   * ours: `TrainBatches(ImageFolder(...)).iterate()` (host decode + fit,
+     grain prefetch) then `augment.augment_batch` jitted on the 8-virtual-
+     device mesh exactly as contrastive_jax/train.py builds `augment_fn`;
+   * peer: `benchmarks/torch_dataloader_peer.py` under --torch_python, a
+     torch `DataLoader(num_workers=2, pin_memory=False)` whose Dataset opens
+     each JPEG with PIL and makes the same two views with PIL
+     implementations of torchvision's transforms (the same recipe's numbers,
+     passed from the preset).
+   Alternated ours, peer, ours, peer (--rounds), each timed over --batches
+   batches after --warmup (compilation and worker start-up excluded);
+   images/s per round, ours / peer, and the medians. A breakdown column
+   times our augmentation alone on a batch already on the mesh (host
+   streaming alone is table 1's img/s).
+3. Bytes moved by collectives per MoCo v2 step, queue gathered (before) and
+   sharded (now), from `benchmarks/queue_comm.py`'s own functions (its
+   script prints the full table with step times and the largest ops).
+4. Small images, cheaply: Fashion-MNIST (TFDS ArrayRecord) in memory and
+   streamed through the same `TrainBatches` + jitted `fmnist` preset, a
+   tf.data per-image crop+flip map (omits the colour ops and erasing, so it
+   flatters tf.data), and what the default train step consumes.
+
+Caveat (printed too): the 2 cores are shared by everything measured here —
+host decoding, grain's threads, the 8 virtual devices' augmentation, and the
+peer's worker processes — and by other users' jobs (load average printed).
 """
 
 import os
@@ -33,56 +59,333 @@ import sys
 # This file is named like the package it measures; drop its own directory from
 # the import path (Python puts it first) and make the repository importable.
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_HERE)
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or '.') != _HERE]
-sys.path.insert(0, os.path.dirname(_HERE))
-os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+sys.path.insert(0, _ROOT)
+if 'xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS',
+                                                                ''):
+  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
+                             ' --xla_force_host_platform_device_count=8')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import argparse  # noqa: E402
-import functools  # noqa: E402
+import json  # noqa: E402
 import math  # noqa: E402
+import pathlib  # noqa: E402
+import resource  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import time  # noqa: E402
 
-import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from input_pipeline import augment  # noqa: E402
-from input_pipeline import pipeline  # noqa: E402
-
-BATCH = 512
-
-
-def _mesh():
-  return jax.make_mesh((jax.device_count(),), ('data',),
-                       axis_types=(jax.sharding.AxisType.Auto,))
+PEER = os.path.join(_HERE, 'torch_dataloader_peer.py')
+TORCH_PYTHON = '/tmp/torchvenv/bin/python'
+TORCH_SETUP = ('python3 -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip '
+               'install torch==2.13.0 numpy pillow')
+NUM_CLASSES = 10
+_DATASET_VERSION = 1   # Bump when the generator changes: regenerates caches.
 
 
-def bench_jax(data, preset, num_views, iters, crop_flip_only=False):
-  mesh = _mesh()
-  data_sharding, replicated = NamedSharding(mesh, P('data')), NamedSharding(
-      mesh, P())
-  batches = pipeline.TrainBatches(data, global_batch_size=BATCH, seed=0,
-                                  sharding=data_sharding)
-  # crop_flip_only: the tf.data row's ops, for a like-for-like comparison.
-  views = augment.build_views(preset, num_views, [dict(
-      jitter_strength=0., grayscale_p=0., erase_p=0.)] if crop_flip_only
-                              else ())
+def log(msg: str) -> None:
+  print(f'[{time.strftime("%H:%M:%S")}] {msg}', file=sys.stderr, flush=True)
+
+
+def _mib(n_bytes: float) -> str:
+  return f'{n_bytes / 2**20:,.0f} MiB'
+
+
+# --------------------------------------------------------------------------
+# JPEG folders.
+
+
+def make_image_folder(cache_dir: str, num_images: int, side: int,
+                      seed: int = 0) -> pathlib.Path:
+  """`cache_dir/jpeg_<n>_<side>/train/class_XX/*.jpg`, written once.
+
+  Content: a random low-resolution colour field upsampled (bicubic) to about
+  side x side (each side drawn in [side - 16, side + 32], so `fit_square`
+  both resizes and crops), plus per-pixel noise so the JPEGs carry texture
+  (~25-35 KB each at quality 90; ImageNet's average is ~110 KB at ~400x350).
+  A `.complete` marker holding the parameters makes reruns skip the work.
+  """
+  root = pathlib.Path(cache_dir) / f'jpeg_{num_images}_{side}'
+  params = {'n': num_images, 'side': side, 'seed': seed,
+            'version': _DATASET_VERSION, 'classes': NUM_CLASSES}
+  marker = root / '.complete'
+  if marker.exists() and json.loads(marker.read_text()) == params:
+    return root
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  if root.exists():
+    shutil.rmtree(root)
+  log(f'writing {num_images} JPEGs to {root} (once) ...')
+  t0 = time.time()
+  rng = np.random.default_rng(seed)
+  noise = rng.normal(0, 10, (2 * side + 64, 2 * side + 64, 3)).astype(
+      np.float32)
+  for c in range(NUM_CLASSES):
+    (root / 'train' / f'class_{c:02d}').mkdir(parents=True)
+  for i in range(num_images):
+    h, w = (int(x) for x in side + rng.integers(-16, 33, 2))
+    small = rng.integers(0, 256, (*rng.integers(3, 12, 2), 3), np.uint8)
+    img = np.asarray(Image.fromarray(small).resize((w, h), Image.BICUBIC),
+                     np.float32)
+    y, x = rng.integers(0, noise.shape[0] - h), rng.integers(
+        0, noise.shape[1] - w)
+    img = np.clip(img + noise[y:y + h, x:x + w], 0, 255).astype(np.uint8)
+    Image.fromarray(img).save(
+        root / 'train' / f'class_{i % NUM_CLASSES:02d}' / f'{i:06d}.jpg',
+        quality=90)
+  marker.write_text(json.dumps(params))
+  log(f'  done in {time.time() - t0:.0f} s')
+  return root
+
+
+def _disk_bytes(root: pathlib.Path) -> int:
+  return sum(f.stat().st_size for f in (root / 'train').rglob('*.jpg'))
+
+
+# --------------------------------------------------------------------------
+# 1. Host RSS, in a fresh process per dataset.
+
+
+def _status_kib() -> dict[str, int]:
+  out = {}
+  with open('/proc/self/status') as f:
+    for line in f:
+      if line.startswith(('VmRSS:', 'VmHWM:')):
+        key, value = line.split(':')
+        out[key] = int(value.split()[0])
+  return out
+
+
+def _reset_peak() -> bool:
+  """Resets VmHWM to the current RSS (Linux >= 4.0); False if not allowed."""
+  try:
+    with open('/proc/self/clear_refs', 'w') as f:
+      f.write('5')
+    return True
+  except OSError:
+    return False
+
+
+def rss_child(root: str, batch: int, image_size: int, steps: int) -> None:
+  """Streams `steps` batches; prints one JSON line of memory figures."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
+  from input_pipeline import sources  # pylint: disable=g-import-not-at-top
+
+  source = sources.ImageFolder(root, 'train', image_size=image_size)
+  sharding = NamedSharding(runtime.create_mesh(), P('data'))
+  batches = pipeline.TrainBatches(source, global_batch_size=batch, seed=0,
+                                  sharding=sharding)
+  setup = _status_kib()
+  reset = _reset_peak()
+  t0 = time.perf_counter()
+  images = 0
+  for b in batches.iterate(0, steps):
+    jax.block_until_ready(b['image'])
+    images += b['image'].shape[0]
+    del b
+  seconds = time.perf_counter() - t0
+  end = _status_kib()
+  peak = end['VmHWM'] if reset else resource.getrusage(
+      resource.RUSAGE_SELF).ru_maxrss
+  print(json.dumps({
+      'files': len(source), 'images_read': images, 'seconds': seconds,
+      'setup_kib': setup['VmRSS'], 'peak_kib': peak, 'end_kib': end['VmRSS'],
+      'peak_reset': reset, 'devices': jax.device_count()}))
+
+
+def measure_rss(root: pathlib.Path, batch: int, image_size: int,
+                steps: int) -> dict:
+  cmd = [sys.executable, os.path.abspath(__file__), f'--_rss_child={root}',
+         f'--batch={batch}', f'--image_size={image_size}',
+         f'--rss_steps={steps}']
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                        env={**os.environ, 'PYTHONPATH': _ROOT})
+  if proc.returncode:
+    raise RuntimeError(f'RSS child failed ({proc.returncode}):\n'
+                       f'{proc.stderr[-3000:]}')
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------
+# 2. Images/s: ours (in this process) and the torch peer (a subprocess).
+
+
+class Ours:
+  """TrainBatches(ImageFolder).iterate() + train.py's jitted augment_fn."""
+
+  def __init__(self, root, *, batch, image_size, preset, num_views, seed=0):
+    import jax  # pylint: disable=g-import-not-at-top
+    from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
+    from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+    from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+    from input_pipeline import augment  # pylint: disable=g-import-not-at-top
+    from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
+    from input_pipeline import sources  # pylint: disable=g-import-not-at-top
+    self.jax = jax
+    mesh = runtime.create_mesh()
+    data_sharding = NamedSharding(mesh, P('data'))
+    replicated = NamedSharding(mesh, P())
+    self.source = sources.ImageFolder(root, 'train', image_size=image_size)
+    self.batches = pipeline.TrainBatches(self.source, global_batch_size=batch,
+                                         seed=seed, sharding=data_sharding)
+    views_cfg = augment.build_views(preset, num_views, ())
+    aug_rng = jax.random.key(seed)
+    # As contrastive_jax/train.py's train_and_evaluate builds it.
+    self.augment_fn = jax.jit(
+        lambda step, images: augment.augment_batch(
+            jax.random.fold_in(aug_rng, step), images, views_cfg),
+        in_shardings=(replicated, data_sharding), out_shardings=data_sharding)
+    self.batch, self.num_views = batch, num_views
+    self.image_shape = self.source.image_shape
+    t0 = time.perf_counter()
+    self._resident = self.batches(0)['image']
+    jax.block_until_ready(self.augment_fn(0, self._resident))
+    self.compile_s = time.perf_counter() - t0
+
+  def throughput(self, start: int, warmup: int, timed: int) -> float:
+    """Images/s over `timed` batches after `warmup` (counted from receipt of
+    augmented batch `warmup`, as the peer counts from its batch `warmup`)."""
+    jax = self.jax
+    prev, t0, images = None, None, 0
+    stop = start + warmup + timed + 1
+    for k, b in enumerate(self.batches.iterate(start, stop)):
+      out = self.augment_fn(start + k, b['image'])
+      if prev is not None:   # One step in flight, as a training loop keeps.
+        jax.block_until_ready(prev)
+      prev = out
+      if k == warmup:
+        jax.block_until_ready(out)
+        t0 = time.perf_counter()
+      elif k > warmup:
+        images += b['image'].shape[0]
+    jax.block_until_ready(prev)
+    return images / (time.perf_counter() - t0)
+
+  def augment_only(self, iters: int) -> float:
+    """Images/s of augment_fn alone on a batch already on the mesh."""
+    jax = self.jax
+    t0 = time.perf_counter()
+    for i in range(iters):
+      out = self.augment_fn(i + 1, self._resident)
+    jax.block_until_ready(out)
+    return iters * self.batch / (time.perf_counter() - t0)
+
+
+def peer_args(preset: str, num_views: int) -> list[str]:
+  """The peer's flags for the same recipe as `augment.PRESETS[preset]`."""
+  from input_pipeline import augment  # pylint: disable=g-import-not-at-top
+  cfg = augment.PRESETS[preset][0]
+  if any(c != cfg for c in augment.get_views(preset, num_views)):
+    raise ValueError(f'preset {preset!r} has different views; the peer makes '
+                     'identical ones.')
+  s = cfg.jitter_strength
+  # augment.color_jitter: brightness/contrast/saturation U[1 - 0.8s, 1 + 0.8s],
+  # hue U[-0.2s, 0.2s]: torchvision's ColorJitter(0.8s, 0.8s, 0.8s, 0.2s).
+  return ['--crop_scale', *map(str, cfg.crop_scale),
+          '--jitter', *map(str, (0.8 * s, 0.8 * s, 0.8 * s, 0.2 * s)),
+          f'--jitter_p={cfg.jitter_p}', f'--grayscale_p={cfg.grayscale_p}',
+          f'--blur_p={cfg.blur_p}', f'--views={num_views}']
+
+
+def run_peer(torch_python, root, *, batch, image_size, warmup, timed,
+             workers, seed, recipe) -> dict:
+  cmd = [torch_python, PEER, f'--root={root / "train"}', f'--batch={batch}',
+         f'--size={image_size}', f'--warmup={warmup}', f'--batches={timed}',
+         f'--workers={workers}', f'--seed={seed}', *recipe]
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  if proc.returncode:
+    raise RuntimeError(f'torch peer failed ({proc.returncode}): '
+                       f'{" ".join(cmd)}\n{proc.stderr[-3000:]}')
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------
+# 3. MoCo queue collectives (benchmarks/queue_comm.py's functions).
+
+
+def queue_rows(queue: int, dim: int, batch: int, steps: int) -> list[dict]:
+  from benchmarks import queue_comm  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import state as state_lib  # pylint: disable=g-import-not-at-top
+  config = queue_comm._moco_config(queue, dim, batch)  # pylint: disable=protected-access
+  rows = []
+  sharded_enqueue = state_lib.enqueue
+  # As queue_comm.main: the 'before' layout swaps the old enqueue back in.
+  for label, enqueue in (('gathered queue (before)',
+                          queue_comm.gathered_enqueue),
+                         ('sharded queue (now)', sharded_enqueue)):
+    state_lib.enqueue = enqueue
+    try:
+      hlo, step_s, compile_s = queue_comm._compile_and_time(  # pylint: disable=protected-access
+          config, num_examples=60_000, steps=steps)
+    finally:
+      state_lib.enqueue = sharded_enqueue
+    cols = queue_comm.collectives(hlo)
+    rows.append({
+        'label': label,
+        'total': sum(c.bytes for c in cols),
+        'all_gather': sum(c.bytes for c in cols if c.kind == 'all-gather'),
+        'queue_gathers': len(queue_comm.gathers_of(hlo, (queue, dim))),
+        'step_s': step_s, 'compile_s': compile_s})
+  return rows
+
+
+# --------------------------------------------------------------------------
+# 4. Small images: Fashion-MNIST rows and the default train step.
+
+
+def fmnist_rows(data_dir, iters: int, tf_images: int) -> tuple[list, float]:
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  from input_pipeline import augment  # pylint: disable=g-import-not-at-top
+  from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
+  from input_pipeline import sources  # pylint: disable=g-import-not-at-top
+  batch, v = 512, 2
+  streamed = sources.TfdsSource('fashion_mnist', 'train', data_dir=data_dir,
+                                image_size=None)
+  in_memory = pipeline.ArrayDataset.from_source(
+      pipeline.Subset(streamed, np.arange((iters + 2) * batch)))
+  mesh = runtime.create_mesh()
+  data_sharding = NamedSharding(mesh, P('data'))
+  replicated = NamedSharding(mesh, P())
+  views_cfg = augment.build_views('fmnist', v, ())
   key = jax.random.key(0)
   augment_fn = jax.jit(
       lambda step, images: augment.augment_batch(
-          jax.random.fold_in(key, step), images, views),
+          jax.random.fold_in(key, step), images, views_cfg),
       in_shardings=(replicated, data_sharding), out_shardings=data_sharding)
-  jax.block_until_ready(augment_fn(0, batches(0)['image']))   # Compile.
-  t = time.perf_counter()
-  for step in range(1, iters + 1):
-    out = augment_fn(step, batches(step)['image'])
-  jax.block_until_ready(out)
-  return iters * BATCH * num_views / (time.perf_counter() - t)
+  rows = []
+  for name, source in (('in memory (ArrayDataset)', in_memory),
+                       ('streamed (TfdsSource, PNG decode)', streamed)):
+    batches = pipeline.TrainBatches(source, global_batch_size=batch, seed=0,
+                                    sharding=data_sharding)
+    jax.block_until_ready(augment_fn(0, batches(0)['image']))   # Compile.
+    t0, out = None, None
+    for k, b in enumerate(batches.iterate(0, iters + 1)):
+      out = augment_fn(k, b['image'])
+      if k == 0:
+        jax.block_until_ready(out)
+        t0 = time.perf_counter()
+    jax.block_until_ready(out)
+    rows.append((f'jax fmnist preset, {name}',
+                 iters * batch * v / (time.perf_counter() - t0)))
+  if tf_images:
+    scale = augment.PRESETS['fmnist'][0].crop_scale
+    rows.append(('tf.data map, crop+flip only', _bench_tf(
+        in_memory.images[:tf_images], scale, v, batch)))
+  return rows, _train_step_views_per_s(max(2, iters // 2))
 
 
-def bench_tf(images, scale, num_views, num_images):
+def _bench_tf(images, scale, num_views, batch):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf.config.set_visible_devices([], 'GPU')
   h, w, _ = images.shape[1:]
@@ -100,26 +403,28 @@ def bench_tf(images, scale, num_views, num_images):
     return tf.stack([crop_flip(image, tf.stack([i, 2 * v]))
                      for v in range(num_views)])
 
-  ds = tf.data.Dataset.from_tensor_slices(images[:num_images]).enumerate()
+  ds = tf.data.Dataset.from_tensor_slices(images).enumerate()
   ds = ds.map(make_views, num_parallel_calls=tf.data.AUTOTUNE)
-  ds = ds.batch(BATCH).prefetch(tf.data.AUTOTUNE)
+  ds = ds.batch(batch).prefetch(tf.data.AUTOTUNE)
   for _ in ds.take(1):    # Warm-up: trace the map.
     pass
   t = time.perf_counter()
   n = 0
-  for batch in ds:
-    n += int(batch.shape[0])
+  for b in ds:
+    n += int(b.shape[0])
   return n * num_views / (time.perf_counter() - t)
 
 
-def bench_train_step(iters):
-  """Seconds per default train step, built as train.train_and_evaluate does."""
+def _train_step_views_per_s(iters: int) -> float:
+  """Views/s the default train step consumes, built as train.py builds it."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
   from configs import default  # pylint: disable=g-import-not-at-top
   from contrastive_jax import models  # pylint: disable=g-import-not-at-top
   from contrastive_jax import train  # pylint: disable=g-import-not-at-top
   config = default.get_config()
-  mesh = _mesh()
-  data_sharding = NamedSharding(mesh, P('data'))
+  mesh = train.create_mesh()
   model = models.create_model(config)
   tx = train.create_optimizer(config, total_steps=1000)
   method = train.Method.from_config(config, total_steps=1000,
@@ -129,10 +434,10 @@ def bench_train_step(iters):
   state = init_fn(jax.random.key(0))
   b, v = config.batch_size, config.augment.num_views
   rng = np.random.default_rng(0)
-  batch = {'views': rng.random((b, v, 28, 28, 1), np.float32),
-           'label': rng.integers(0, 10, b).astype(np.int32),
-           'index': np.arange(b, dtype=np.int32)}
-  batch = jax.device_put(batch, data_sharding)
+  batch = jax.device_put(
+      {'views': rng.random((b, v, 28, 28, 1), np.float32),
+       'label': rng.integers(0, 10, b).astype(np.int32),
+       'index': np.arange(b, dtype=np.int32)}, NamedSharding(mesh, P('data')))
   step_rng = jax.random.key(1)
   state, metrics = step_fn(state, batch, step_rng)          # Compile.
   jax.block_until_ready(metrics)
@@ -140,56 +445,221 @@ def bench_train_step(iters):
   for _ in range(iters):
     state, metrics = step_fn(state, batch, step_rng)
   jax.block_until_ready(metrics)
-  dt = (time.perf_counter() - t) / iters
-  return b * v / dt, dt
+  return iters * b * v / (time.perf_counter() - t)
+
+
+# --------------------------------------------------------------------------
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--data_dir', default='/tmp/tfds_test')
-  parser.add_argument('--iters', type=int, default=5,
-                      help='timed batches per JAX row and train steps.')
-  parser.add_argument('--tf_images', type=int, default=2048,
-                      help='images per tf.data row.')
+  parser.add_argument('--quick', action='store_true',
+                      help='small sets (200 / 1,600 images), batch 32, one '
+                      'round of 3 batches, queue 8192: the whole run in a '
+                      'few minutes, figures only indicative.')
+  parser.add_argument('--sizes', type=int, nargs=2, default=None,
+                      help='the two dataset sizes (default 1000 8000).')
+  parser.add_argument('--image_side', type=int, default=256,
+                      help='approximate side of the generated JPEGs.')
+  parser.add_argument('--cache_dir', default='/tmp/contrastive_jax_bench')
+  parser.add_argument('--image_size', type=int, default=224)
+  parser.add_argument('--batch', type=int, default=None,
+                      help='global batch (default 64; 32 with --quick).')
+  parser.add_argument('--rss_steps', type=int, default=None,
+                      help='batches streamed per RSS process (default: one '
+                      'epoch of the larger set, + 1).')
+  parser.add_argument('--rounds', type=int, default=None,
+                      help='ours/peer alternations (default 2; 1 quick).')
+  parser.add_argument('--batches', type=int, default=None,
+                      help='timed batches per round (default 16; 3 quick).')
+  parser.add_argument('--warmup', type=int, default=2,
+                      help='batches before timing starts, per round.')
+  parser.add_argument('--torch_python', default=TORCH_PYTHON)
+  parser.add_argument('--workers', type=int, default=2,
+                      help='DataLoader workers of the peer.')
+  parser.add_argument('--queue_size', type=int, default=None,
+                      help='MoCo queue rows (default 65536; 8192 quick).')
+  parser.add_argument('--queue_steps', type=int, default=1)
+  parser.add_argument('--data_dir', default=None,
+                      help='TFDS data_dir for the Fashion-MNIST rows.')
+  parser.add_argument('--fmnist_iters', type=int, default=None)
+  parser.add_argument('--tf_images', type=int, default=None)
+  for part in ('rss', 'throughput', 'queue', 'fmnist'):
+    parser.add_argument(f'--{part}', action=argparse.BooleanOptionalAction,
+                        default=True, help=f'run the {part} table.')
+  parser.add_argument('--_rss_child', default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
-  t0 = time.time()
-  load0 = os.getloadavg()[0]
 
-  fmnist = pipeline.load_split('fashion_mnist', 'train', args.data_dir)
-  rng = np.random.default_rng(0)
-  synth = pipeline.ArrayDataset(
-      rng.integers(0, 256, (8 * BATCH, 32, 32, 3), dtype=np.uint8),
-      rng.integers(0, 10, 8 * BATCH).astype(np.int32))
-  cases = [('fmnist 28x28x1', fmnist, 'fmnist'),
-           ('synthetic 32x32x3', synth, 'cifar_small')]
+  if args._rss_child:   # pylint: disable=protected-access
+    rss_child(args._rss_child, args.batch, args.image_size, args.rss_steps)  # pylint: disable=protected-access
+    return
 
-  consume, step_s = bench_train_step(max(2, args.iters // 2))
-  rows = []
-  for name, data, preset in cases:
-    scale = augment.PRESETS[preset][0].crop_scale
-    for v in (2, 5):
-      rows.append((name, v, f'jax {preset} preset',
-                   bench_jax(data, preset, v, args.iters)))
-      rows.append((name, v, 'jax crop+flip',
-                   bench_jax(data, preset, v, args.iters, True)))
-      rows.append((name, v, 'tf.data map crop+flip',
-                   bench_tf(data.images, scale, v, args.tf_images)))
+  quick = args.quick
+  sizes = args.sizes or ((200, 1600) if quick else (1000, 8000))
+  batch = args.batch or (32 if quick else 64)
+  rss_steps = args.rss_steps or max(sizes) // batch + 1
+  rounds = args.rounds or (1 if quick else 2)
+  timed = args.batches or (3 if quick else 16)
+  queue = args.queue_size or (8192 if quick else 65536)
+  fmnist_iters = args.fmnist_iters or (2 if quick else 5)
+  tf_images = args.tf_images if args.tf_images is not None else (
+      0 if quick else 2048)
+  preset, num_views = 'simclr', 2
 
-  print(f'\nInput pipeline vs train step ({jax.device_count()} CPU devices, '
-        f'batch {BATCH}). Load average {load0:.1f} at start, '
-        f'{os.getloadavg()[0]:.1f} at end, on {os.cpu_count()} cores shared '
-        'with other jobs: numbers are noisy; on CPU the pipeline and the step '
-        'also compete for the same cores.\n')
-  print(f'default train step (configs/default.py, 2 views): {step_s:.2f} s/step'
-        f' = {consume:,.0f} views/s consumed\n')
-  print(f'{"dataset":<20}{"V":>3}  {"pipeline (jax: mesh, jit)":<26}'
-        f'{"views/s":>10}'
-        f'{"x consumption":>15}')
-  for name, v, impl, rate in rows:
-    print(f'{name:<20}{v:>3}  {impl:<26}{rate:>10,.0f}{rate / consume:>14.1f}x')
-  ok = all(r / consume >= 1.5 for _, _, impl, r in rows if 'jax' in impl)
-  print(f'\ngoal (jax pipeline >= 1.5x consumption): '
-        f'{"met" if ok else "NOT met"}; total {math.ceil(time.time() - t0)} s')
+  t_start = time.time()
+  load0 = os.getloadavg()
+  roots = [make_image_folder(args.cache_dir, n, args.image_side)
+           for n in sizes]
+  out = []   # The report, printed at the end.
+
+  # 1. RSS.
+  if args.rss:
+    res = []
+    for root in roots:
+      log(f'RSS: streaming {rss_steps} batches of {batch} from {root} '
+          '(fresh process) ...')
+      res.append(measure_rss(root, batch, args.image_size, rss_steps))
+    out.append(f'\n1. Host RSS of the streamed path: sources.ImageFolder -> '
+               f'TrainBatches.iterate(0, {rss_steps}), {args.image_size} px, '
+               f'batch {batch}, {res[0]["devices"]} CPU devices; a fresh '
+               'process per dataset; peak = VmHWM '
+               + ('reset after set-up' if all(r['peak_reset'] for r in res)
+                  else 'over the process lifetime (reset not allowed)'))
+    out.append(f'   {"dataset":<16}{"files":>7}{"on disk":>10}'
+               f'{"in-memory":>11}{"read":>7}{"RSS set-up":>12}'
+               f'{"peak":>10}{"growth":>9}{"img/s":>7}')
+    for root, r in zip(roots, res):
+      in_mem = r['files'] * args.image_size**2 * 3
+      out.append(
+          f'   {root.name:<16}{r["files"]:>7,}{_mib(_disk_bytes(root)):>10}'
+          f'{_mib(in_mem):>11}{r["images_read"]:>7,}'
+          f'{_mib(r["setup_kib"] * 1024):>12}{_mib(r["peak_kib"] * 1024):>10}'
+          f'{_mib((r["peak_kib"] - r["setup_kib"]) * 1024):>9}'
+          f'{r["images_read"] / r["seconds"]:>7.0f}')
+    small, large = res
+    g_small = small['peak_kib'] - small['setup_kib']
+    g_large = large['peak_kib'] - large['setup_kib']
+    extra_data = (large['files'] - small['files']) * args.image_size**2 * 3
+    extra_peak = (large['peak_kib'] - small['peak_kib']) * 1024
+    grows = extra_peak > 0.1 * extra_data
+    out.append(
+        f'   {roots[1].name} / {roots[0].name}: files '
+        f'{large["files"] / small["files"]:.1f}x; peak RSS '
+        f'{large["peak_kib"] / small["peak_kib"]:.2f}x '
+        f'({extra_peak / 2**20:+,.0f} MiB; in memory the split would add '
+        f'{_mib(extra_data)}); growth while streaming '
+        f'{g_large / max(g_small, 1):.2f}x. RSS '
+        f'{"GROWS" if grows else "does not grow"} with the dataset size.')
+    out.append('   "in-memory": what an ArrayDataset of the split would hold '
+               '(N x 224 x 224 x 3 B); "img/s": streaming alone, no '
+               'augmentation.')
+
+  # 2. Throughput.
+  if args.throughput:
+    root = roots[-1]
+    log(f'throughput: compiling {preset} augment_fn for batch {batch} ...')
+    ours = Ours(root, batch=batch, image_size=args.image_size, preset=preset,
+                num_views=num_views)
+    have_torch = os.path.exists(args.torch_python)
+    recipe = peer_args(preset, num_views)
+    results = []
+    span = args.warmup + timed + 2
+    for r in range(rounds):
+      log(f'round {r + 1}: ours ...')
+      o = ours.throughput(1 + r * span, args.warmup, timed)
+      a = ours.augment_only(2 if quick else 3)
+      p = None
+      if have_torch:
+        log(f'round {r + 1}: peer ...')
+        p = run_peer(args.torch_python, root, batch=batch,
+                     image_size=args.image_size, warmup=args.warmup,
+                     timed=timed, workers=args.workers, seed=r,
+                     recipe=recipe)
+      results.append((o, p, a))
+    out.append(
+        f'\n2. Input images/s, {args.image_size} px, {preset} preset x '
+        f'{num_views} views, batch {batch}, {root.name} ({len(ours.source):,}'
+        f' JPEGs); each round: {args.warmup} warm-up + {timed} timed '
+        'batches; alternated ours, peer')
+    out.append('   ours: ImageFolder decode+fit (PIL, thread pool) + grain '
+               'prefetch -> augment.augment_batch jitted on the '
+               f'{ours.jax.device_count()}-device CPU mesh '
+               f'(compiled once, {ours.compile_s:.0f} s, not timed)')
+    out.append(f'   peer: torch DataLoader(num_workers={args.workers}, '
+               'pin_memory=False), PIL transforms as torchvision\'s, same '
+               f'recipe ({" ".join(recipe[:-1])})')
+    out.append(f'   {"round":<8}{"ours img/s":>12}{"peer img/s":>12}'
+               f'{"ours/peer":>11}{"ours: augment alone":>21}')
+    for r, (o, p, a) in enumerate(results):
+      if p is None:
+        out.append(f'   {r + 1:<8}{o:>12.1f}{"skipped":>12}{"-":>11}'
+                   f'{a:>21.1f}')
+      else:
+        out.append(f'   {r + 1:<8}{o:>12.1f}{p["images_per_s"]:>12.1f}'
+                   f'{o / p["images_per_s"]:>10.2f}x{a:>21.1f}')
+    med_o = statistics.median(o for o, _, _ in results)
+    med_a = statistics.median(a for _, _, a in results)
+    if have_torch:
+      med_p = statistics.median(p['images_per_s'] for _, p, _ in results)
+      out.append(f'   {"median":<8}{med_o:>12.1f}{med_p:>12.1f}'
+                 f'{med_o / med_p:>10.2f}x{med_a:>21.1f}')
+      out.append(f'   peer: torch {results[0][1]["torch"]}, PIL in '
+                 f'{args.workers} worker processes')
+    else:
+      out.append(f'   {"median":<8}{med_o:>12.1f}{"skipped":>12}{"-":>11}'
+                 f'{med_a:>21.1f}')
+      out.append(f'   PEER SKIPPED: {args.torch_python} does not exist. '
+                 f'Create it with: {TORCH_SETUP}')
+    out.append('   timing windows start and end at a batch\'s arrival, so a '
+               f'round is exact to about +-1 batch of {timed}.')
+    out.append('   "augment alone": augment_fn on a batch already on the '
+               'mesh, timed after each round; host streaming alone (decode+'
+               'fit, no augmentation) is the "img/s" column of table 1.')
+    del ours
+
+  # 3. Queue.
+  if args.queue:
+    log(f'queue: compiling the MoCo v2 step twice (Q={queue}) ...')
+    rows = queue_rows(queue, 128, 256, args.queue_steps)
+    out.append(f'\n3. MoCo v2 queue (configs/moco_v2.py, batch 256 x 2 views, '
+               f'Q={queue}, D=128: [Q, D] f32 = '
+               f'{queue * 128 * 4 / 2**20:.1f} MiB), bytes moved by '
+               'collectives per step per device, via benchmarks/queue_comm.py')
+    out.append(f'   {"variant":<26}{"total MiB":>11}{"all-gather":>12}'
+               f'{"queue gathers":>15}{"step s":>8}')
+    for row in rows:
+      out.append(f'   {row["label"]:<26}{row["total"] / 2**20:>11.3f}'
+                 f'{row["all_gather"] / 2**20:>12.3f}'
+                 f'{row["queue_gathers"]:>15}{row["step_s"]:>8.2f}')
+    out.append(f'   {rows[0]["total"] / max(rows[1]["total"], 1):.1f}x fewer '
+               'bytes; full table (step times, largest ops, memory bank): '
+               'PYTHONPATH=. .venv/bin/python benchmarks/queue_comm.py')
+
+  # 4. Small images.
+  if args.fmnist:
+    log('Fashion-MNIST rows ...')
+    try:
+      rows, consume = fmnist_rows(args.data_dir, fmnist_iters, tf_images)
+    except Exception as e:  # pylint: disable=broad-except
+      out.append(f'\n4. Fashion-MNIST rows skipped: {type(e).__name__}: '
+                 f'{str(e)[:300]}')
+    else:
+      out.append('\n4. Small images: Fashion-MNIST 28x28x1, batch 512, 2 '
+                 'views (views/s; x = over what the default train step '
+                 'consumes)')
+      out.append(f'   {"default train step (configs/default.py)":<52}'
+                 f'{consume:>10,.0f}  consumed')
+      for name, rate in rows:
+        out.append(f'   {name:<52}{rate:>10,.0f}{rate / consume:>8.1f}x')
+
+  load1 = os.getloadavg()
+  print('\n'.join(out))
+  print(f'\nCaveat: the {os.cpu_count()} CPU cores are shared by everything '
+        'measured here (host decoding, grain\'s threads, the '
+        'augmentation on 8 virtual devices, the peer\'s worker processes) and '
+        f'by other users\' jobs: load average {load0[0]:.1f} at start, '
+        f'{load1[0]:.1f} at end. Figures are noisy; compare rows of one run.'
+        f'\nTotal {math.ceil(time.time() - t_start)} s.')
 
 
 if __name__ == '__main__':
