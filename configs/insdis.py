@@ -10,9 +10,11 @@ benchmarks/REPORT.md for the study's numbers as they come in.
 
 Paper: tau = 0.07, m = 4096 noise samples, bank momentum 0.5, 128-d.
 Noise rows are drawn per instance, as in the reference code (lemniscate's
-NCEAverage): the train step gathers [B, m, D] bank rows. Here m = 1024, not
-4096, to keep that gather small on the 2-core CPU: B * m * D = 256 * 1024 *
-128 float32 = 134 MB per step (m = 4096 would be 537 MB and a slower step).
+NCEAverage), each device drawing m / devices of them from its own shard of
+the bank (state.sample_bank_noise: stratified, still uniform noise), so the
+step reads [B, m, D] rows spread over the devices. Here m = 1024, not 4096, to
+keep them small on the 2-core CPU: B * m * D = 256 * 1024 * 128 float32 =
+134 MB per step in all (m = 4096 would be 537 MB and a slower step).
 The normalising constant Z is the per-batch Monte-Carlo estimate (the
 released code fixes Z after the first batch; see losses.insdis).
 The proximal weight lambda = 50 (the loss's default) is NOT VERIFIED against

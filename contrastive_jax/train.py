@@ -5,13 +5,17 @@ and the workdir, loads the data, pretrains with checkpoints (resuming from the
 latest one), then evaluates the trained encoder and two baselines (raw pixels,
 the randomly initialised encoder) and writes `workdir/results.json`.
 
-Parallelism: one 1-D mesh over every device of every process, axis 'data'. The
-batch is sharded along it, parameters and optimizer state are replicated, and
-`jax.jit` partitions the step. The mesh uses Auto axis types on purpose: the
-losses are sharding-agnostic functions of the *global* batch (every embedding
-is compared with every other), and Auto lets the partitioner insert the
-all-gather of the embeddings that this needs, instead of each loss carrying
-explicit `out_sharding` annotations.
+Parallelism: one 1-D mesh over every device of every process, axis 'data'
+(`runtime.create_mesh`, Auto axes: see there why). The batch is sharded along
+it, parameters and optimizer state are replicated, the MoCo queue and the
+memory bank are sharded by rows and stay so (`state_shardings`), and `jax.jit`
+partitions the step. Each process feeds only its part of every batch
+(`input_pipeline/pipeline.py`).
+
+Stopping: SIGTERM (a preemption notice, on any host) saves the step all
+processes agree on and raises `Preempted`; a non-finite metric raises
+`FloatingPointError`. Either way the asynchronous checkpointer finishes first,
+so the error is the last thing printed.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import functools
 import json
 import math
 import os
+import signal
 import time
 from typing import Any
 
@@ -39,25 +44,17 @@ from contrastive_jax import checkpointing
 from contrastive_jax import evaluate
 from contrastive_jax import losses
 from contrastive_jax import models
+from contrastive_jax import runtime
 from contrastive_jax import state as state_lib
 from input_pipeline import augment
 from input_pipeline import pipeline
+from input_pipeline import sources
 
 
 TrainState = state_lib.TrainState
 
 
-def create_mesh(devices=None) -> jax.sharding.Mesh:
-  """A 1-D data-parallel mesh, axis 'data' (Auto axes: see module doc).
-
-  Args:
-    devices: the devices to span; default every device of every process.
-      Tests pass `jax.devices()[:1]` to get a 1-device mesh in-process.
-  """
-  devices = jax.devices() if devices is None else list(devices)
-  return jax.make_mesh((len(devices),), ('data',),
-                       axis_types=(jax.sharding.AxisType.Auto,),
-                       devices=devices)
+create_mesh = runtime.create_mesh
 
 
 def create_optimizer(config, total_steps: int) -> optax.GradientTransformation:
@@ -155,7 +152,11 @@ class Method:
         query_views=tuple(mc.query_views), key_views=tuple(mc.key_views),
         queue_size=int(mc.queue_size), shuffle_bn=bool(mc.shuffle_bn),
         lambda_ramp=bool(mc.lambda_ramp),
-        lam=float(config.loss_kwargs.get('lam', 0.)),
+        # One source for JCL's default lambda: the jcl loss's own signature
+        # (a missing `lam` used to mean 0 here but 4.0 in the loss). Looked
+        # up rather than copied so that the two can never drift apart again.
+        lam=float(config.loss_kwargs.get('lam', losses.default_kwarg(
+            'jcl', 'lam')) if config.loss == 'jcl' else 0.),
         num_examples=num_examples, bank_momentum=float(mb.momentum),
         num_negatives=int(mb.num_negatives),
         probe_classes=num_classes if probe else 0,
@@ -248,7 +249,12 @@ def create_train_state(rng, *, model, tx, image_shape, method: Method,
 
 
 def state_shardings(abstract_state: TrainState, mesh) -> TrainState:
-  """Replicated everywhere except the queue and the bank, sharded by rows."""
+  """Replicated everywhere except the queue and the bank, sharded by rows.
+
+  The step keeps the queue sharded: its logits are computed where its rows
+  live and its write is a per-device scatter (`train_step`, `state.enqueue`),
+  so no device ever holds the whole [Q, D] queue.
+  """
   replicated = NamedSharding(mesh, P())
   rows = NamedSharding(mesh, P('data', None))
   shardings = jax.tree.map(lambda _: replicated, abstract_state)
@@ -344,12 +350,43 @@ def train_step(state: TrainState, batch: dict[str, jax.Array],
     query_views = views[:, list(method.query_views)]
   else:
     query_views = views
+  queue = state.queue
+  if queue is not None and mesh is not None:
+    # The queue's rows stay on their devices: the loss's [B, Q] queue logits
+    # are formed per device as [B, Q / devices] from the all-gathered [B, D]
+    # queries, and the log-sum-exp over Q is combined with [B]-sized
+    # all-reduces (max, sum), as is the gradient to the queries. XLA's
+    # partitioner does this itself once the queue's row sharding is fixed
+    # here, so the losses stay mesh-agnostic and the 1-device path (mesh of
+    # 1, or no mesh in a notebook) is the same code. (The enqueue below is
+    # a scatter for the same reason: see `state.enqueue`.)
+    # tests/test_queue_sharding.py checks that the compiled step never
+    # all-gathers the [Q, D] queue.
+    queue = jax.lax.with_sharding_constraint(
+        queue, NamedSharding(mesh, P('data', None)))
 
   if method.name == 'memory_bank':
-    neg_idx = jax.random.randint(rng, (method.num_negatives,), 0,
-                                 method.num_examples)
+    # InsDis draws its noise rows per instance, [B, K] (lemniscate's
+    # NCEAverage: idx = multinomial.draw(B * (K + 1)).view(B, -1)). Each
+    # device draws K / devices of them from the data rows of its own bank
+    # shard and reads them there, so the row-sharded bank is never gathered
+    # and the [B, K, D] rows stay sharded along K (see
+    # `state.sample_bank_noise` for why stratified draws are still NCE's
+    # uniform noise). CMC's bank sample is one [K] set shared by the batch,
+    # which XLA reads as a masked local gather plus an all-reduce of the
+    # [K, D] rows, never a gather of the bank. tests/test_queue_sharding.py
+    # checks both compiled steps; tests/test_bank_sharding.py the draws.
+    if method.loss == 'insdis':
+      negatives = state_lib.sample_bank_noise(
+          state.bank, rng, batch=index.shape[0],
+          num_negatives=method.num_negatives,
+          num_examples=method.num_examples, mesh=mesh)     # [B, K, D]
+    else:
+      neg_idx = jax.random.randint(rng, (method.num_negatives,), 0,
+                                   method.num_examples)
+      negatives = state.bank[neg_idx]                      # [K, D]
     # Bank rows are records of past features, not functions of the params.
-    negatives = jax.lax.stop_gradient(state.bank[neg_idx])
+    negatives = jax.lax.stop_gradient(negatives)
     positives = jax.lax.stop_gradient(state.bank[index])[:, None]
 
   def objective(params):
@@ -361,12 +398,12 @@ def train_step(state: TrainState, batch: dict[str, jax.Array],
                        else loss_fn(z))
     elif method.name == 'moco':
       if method.loss == 'cacr':
-        loss, metrics = loss_fn(z, key=key_z, queue=state.queue)
+        loss, metrics = loss_fn(z, key=key_z, queue=queue)
       elif method.loss == 'jcl':
-        loss, metrics = loss_fn(z, key_z, queue=state.queue,
+        loss, metrics = loss_fn(z, key_z, queue=queue,
                                 lam=method.lam_at(state.step))
       else:
-        loss, metrics = loss_fn(z, key_z, queue=state.queue)
+        loss, metrics = loss_fn(z, key_z, queue=queue)
     else:  # memory_bank
       if method.loss == 'insdis':
         loss, metrics = loss_fn(z, positives, queue=negatives,
@@ -462,8 +499,8 @@ def _check_workdir(config, workdir: str) -> None:
           'this one to start over; nothing was changed.')
     return
   os.makedirs(workdir, exist_ok=True)
-  with open(path, 'w') as f:
-    json.dump(current, f, indent=2, sort_keys=True)
+  if jax.process_index() == 0:
+    _write_json(path, current)
 
 
 def _flatten(d: dict, prefix: str = '') -> dict:
@@ -486,6 +523,9 @@ def validate_config(config, num_devices: int | None = None) -> None:
   if b % n:
     raise ValueError(f'config.batch_size={b} is not divisible '
                      f'by the {n} devices; use a multiple of {n}.')
+  if config.eval.batch_size % n:
+    raise ValueError(f'config.eval.batch_size={config.eval.batch_size} is not '
+                     f'divisible by the {n} devices; use a multiple of {n}.')
   if config.method not in METHODS:
     raise ValueError(f'unknown method {config.method!r} (config.method); '
                      f'known: {", ".join(METHODS)}.')
@@ -500,6 +540,25 @@ def validate_config(config, num_devices: int | None = None) -> None:
                      f'{", ".join(_SUPERVISED_LOSSES)}.')
   if config.use_labels and config.method != 'in_batch':
     raise ValueError('config.use_labels needs config.method="in_batch".')
+  ds = config.dataset
+  if not isinstance(ds.validation_size, int) or ds.validation_size < 0:
+    raise ValueError(f'config.dataset.validation_size={ds.validation_size!r} '
+                     'must be an int >= 0 (0: no validation holdout).')
+  if config.eval.split not in ('test', 'validation'):
+    raise ValueError(f'config.eval.split={config.eval.split!r} must be '
+                     '"test" or "validation".')
+  if config.eval.split == 'validation' and not ds.validation_size:
+    raise ValueError('config.eval.split="validation" scores the holdout; set '
+                     'config.dataset.validation_size > 0 (e.g. 10000).')
+  if ds.imbalance not in ('none', 'linear', 'exponential'):
+    raise ValueError(f'config.dataset.imbalance={ds.imbalance!r}; known: '
+                     'none, linear, exponential.')
+  if ds.imbalance_levels < 0:
+    raise ValueError(f'config.dataset.imbalance_levels={ds.imbalance_levels} '
+                     'must be >= 0 (0: min(num_classes, 10)).')
+  if (ds.validation_size or ds.imbalance != 'none') and not ds.in_memory:
+    raise ValueError('config.dataset.validation_size and .imbalance need '
+                     'config.dataset.in_memory=True.')
   if config.method == 'moco':
     mc = config.moco
     for name in ('query_views', 'key_views'):
@@ -536,28 +595,69 @@ def validate_config(config, num_devices: int | None = None) -> None:
     if config.loss == 'insdis' and v != 1:
       raise ValueError(f'InsDis uses one view per instance; set '
                        f'config.augment.num_views=1 (got {v}).')
+    if config.loss == 'insdis' and mb.num_negatives % n:
+      raise ValueError(
+          f'config.memory_bank.num_negatives={mb.num_negatives} is not '
+          f'divisible by the {n} devices: each device draws the same share '
+          'of the InsDis noise rows from its own shard of the memory bank '
+          f'(state.sample_bank_noise); use a multiple of {n}.')
 
 
-def load_data(config) -> tuple[pipeline.ArrayDataset, pipeline.ArrayDataset]:
+def load_data(config):
+  """(train, eval) sources of `config.dataset` (input_pipeline/sources.py).
+
+  With `config.dataset.in_memory` each process holds the split in memory (an
+  optimisation for small datasets); otherwise every read goes to the files.
+  The training split becomes the training data after
+  `config.dataset.validation_size` (a fixed stratified holdout) and
+  `config.dataset.imbalance` (CACR's subsets), see input_pipeline/splits.py.
+  The eval source is the test split (`config.dataset.eval_split`), or the
+  holdout when `config.eval.split == 'validation'`.
+  """
+  from input_pipeline import splits  # pylint: disable=g-import-not-at-top
   ds = config.dataset
-  return (pipeline.load_split(ds.name, ds.train_split, ds.data_dir),
-          pipeline.load_split(ds.name, ds.eval_split, ds.data_dir))
+  train, validation = splits.prepare_train(
+      sources.open_split(ds, ds.train_split), ds)
+  if config.eval.split == 'validation':
+    return train, validation
+  return train, sources.open_split(ds, ds.eval_split)
+
+
+class Preempted(Exception):
+  """SIGTERM (a pod preemption) was received; a checkpoint was saved."""
+
+
+def _preemption_check():
+  """A function step -> bool: True once this job must save and stop.
+
+  Multi-process: JAX's preemption sync manager catches SIGTERM on any host and
+  agrees on one step for every process (`reached_preemption_sync_point`), so
+  all of them save the same step. Single process: our own SIGTERM handler.
+  """
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  if jax.process_count() > 1:
+    return multihost_utils.reached_preemption_sync_point
+  received = []
+  signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+  return lambda step: bool(received)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
-                       data: tuple[pipeline.ArrayDataset,
-                                   pipeline.ArrayDataset] | None = None
-                       ) -> dict[str, Any]:
+                       data=None) -> dict[str, Any]:
   """Pretrains, evaluates and writes `workdir/results.json`.
 
   Args:
     config: an experiment config (see configs/default.py).
     workdir: where checkpoints, TensorBoard events, plots and results go.
-    data: (train, test) datasets to use instead of loading
-      `config.dataset.name` (tests inject synthetic data this way).
+    data: (train, eval) sources (e.g. `pipeline.ArrayDataset`s) to use instead
+      of opening `config.dataset` (tests inject synthetic data this way).
 
   Returns:
     The results dict written to results.json.
+
+  Raises:
+    Preempted: SIGTERM arrived; the checkpoint of the step reached is saved.
+    FloatingPointError: a non-finite metric; earlier checkpoints are kept.
   """
   validate_config(config)
   _check_workdir(config, workdir)
@@ -575,16 +675,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   views_cfg = augment.build_views(config.augment.preset,
                                   config.augment.num_views,
                                   config.augment.overrides)
-  image_shape = train_data.images.shape[1:]
+  image_shape = tuple(train_data.image_shape)
   method = Method.from_config(config, total_steps=total_steps,
                               steps_per_epoch=batches.steps_per_epoch,
-                              num_examples=train_data.num_examples,
+                              num_examples=len(train_data),
                               num_classes=train_data.num_classes)
 
   rng = jax.random.key(config.seed)
   init_rng, aug_rng, step_rng = jax.random.split(rng, 3)
   init_fn, step_fn, _ = create_step_fns(config, model, tx, mesh, method,
                                         image_shape)
+  feature_fn = evaluate.make_feature_fn(model, mesh)
   state = init_fn(init_rng)
 
   manager = checkpointing.create_manager(workdir)
@@ -605,50 +706,63 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   start = int(state.step)
   # Entries past the restored step belong to steps that will be redone.
   history = [h for h in _load_history(workdir) if h['step'] <= start]
+  preempted = _preemption_check()
   t0, last_logged, last_time = time.time(), start, time.time()
-  for step in range(start, total_steps):
-    batch = batches(step)
-    views = augment_fn(step, batch['image'])
-    state, metrics = step_fn(
-        state, {'views': views, 'label': batch['label'],
-                'index': batch['index']}, step_rng)
-    done = step + 1
-    if done % config.log_every_steps == 0 or done == total_steps:
-      metrics = jax.device_get(metrics)
-      for name, value in metrics.items():
-        if not np.isfinite(value):
-          raise FloatingPointError(
-              f'{name} is {value} at step {done}; stopping. The last good '
-              f'checkpoint in {workdir}/checkpoints is kept.')
-      now = time.time()
-      ips = (done - last_logged) * config.batch_size / (now - last_time)
-      eta = (total_steps - done) * (now - t0) / max(done - start, 1)
-      scalars = {k: float(v) for k, v in metrics.items()}
-      scalars['images_per_sec'] = ips
-      writer.write_scalars(done, scalars)
-      history.append({'step': done, **scalars})
-      logging.info('step %d/%d  loss %.4f  %.0f img/s  ETA %s', done,
-                   total_steps, scalars['loss'], ips, _fmt_time(eta))
-      last_logged, last_time = done, now
-    every = config.online.knn_every_steps
-    if every and (done % every == 0 or done == total_steps):
-      online = evaluate.online_knn(config, model, state, train_data,
-                                   test_data, mesh)
-      writer.write_scalars(done, online)
-      if history and history[-1]['step'] == done:
-        history[-1].update(online)
-      else:
-        history.append({'step': done, **online})
-      logging.info('step %d  %s', done, online)
-    if done % config.checkpoint_every_steps == 0 or done == total_steps:
-      checkpointing.save(manager, done, state)
-      _save_history(workdir, history)
-  manager.wait_until_finished()
+  try:
+    for step, batch in zip(range(start, total_steps),
+                           batches.iterate(start, total_steps)):
+      views = augment_fn(step, batch['image'])
+      state, metrics = step_fn(
+          state, {'views': views, 'label': batch['label'],
+                  'index': batch['index']}, step_rng)
+      done = step + 1
+      if done % config.log_every_steps == 0 or done == total_steps:
+        metrics = jax.device_get(metrics)   # Replicated: every process has it.
+        for name, value in metrics.items():
+          if not np.isfinite(value):
+            raise FloatingPointError(
+                f'{name} is {value} at step {done}; stopping. The last good '
+                f'checkpoint in {workdir}/checkpoints is kept.')
+        now = time.time()
+        ips = (done - last_logged) * config.batch_size / (now - last_time)
+        eta = (total_steps - done) * (now - t0) / max(done - start, 1)
+        scalars = {k: float(v) for k, v in metrics.items()}
+        scalars['images_per_sec'] = ips
+        writer.write_scalars(done, scalars)
+        history.append({'step': done, **scalars})
+        logging.info('step %d/%d  loss %.4f  %.0f img/s  ETA %s', done,
+                     total_steps, scalars['loss'], ips, _fmt_time(eta))
+        last_logged, last_time = done, now
+      every = config.online.knn_every_steps
+      if every and (done % every == 0 or done == total_steps):
+        online = evaluate.online_knn(config, feature_fn, state, train_data,
+                                     test_data, mesh)
+        writer.write_scalars(done, online)
+        if history and history[-1]['step'] == done:
+          history[-1].update(online)
+        else:
+          history.append({'step': done, **online})
+        logging.info('step %d  %s', done, online)
+      stop = preempted(done)
+      if (stop or done % config.checkpoint_every_steps == 0 or
+          done == total_steps):
+        checkpointing.save(manager, done, state)
+        _save_history(workdir, history)
+      if stop:
+        raise Preempted(
+            f'preempted (SIGTERM) at step {done}: its checkpoint is saved in '
+            f'{workdir}/checkpoints; rerun the same command to resume.')
+  finally:
+    # Let in-flight asynchronous saves finish (or fail) before any error
+    # propagates, so the error is the last thing printed and no half-written
+    # checkpoint directory is left behind.
+    manager.wait_until_finished()
+    manager.close()
   train_seconds = time.time() - t0
 
   results = evaluate.evaluate_all(
       # The donated initial state is gone; init is deterministic, so redo it.
-      config, model, {'trained': state, 'random_init': init_fn(init_rng)},
+      config, feature_fn, {'trained': state, 'random_init': init_fn(init_rng)},
       train_data, test_data, mesh)
   results.update(steps=total_steps, train_seconds=round(train_seconds, 1),
                  resumed_from_step=restored_step)

@@ -106,7 +106,10 @@ def _close(a, b):
                              atol=tol * max(1., float(np.max(np.abs(b)))))
 
 
-@pytest.mark.parametrize('kind', ['simclr', 'moco_v2', 'insdis', 'jcl'])
+# InsDis draws its noise per device from the device's own bank shard, so its
+# draws depend on the device count by design; its 1-vs-8 comparison, with the
+# 1-device step fed the 8 devices' draws, is in tests/test_bank_sharding.py.
+@pytest.mark.parametrize('kind', ['simclr', 'moco_v2', 'jcl'])
 def test_one_device_and_eight_devices_agree(kind):
   config = _config(kind)
   mesh1 = train.create_mesh(jax.devices()[:1])
