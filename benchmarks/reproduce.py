@@ -12,7 +12,8 @@ interrupt it at any time and start it again (it continues where it stopped):
         > /tmp/study.log 2>&1 &
 
 What a run is. One (method x seed x dataset variant), trained and evaluated
-by the real entry point, `main.py`, in a subprocess under `nice -n 19` with 8
+by the real entry point, `main.py`, in a subprocess (at the study's own
+priority: start it under `nice -n 19` as above) with 8
 virtual CPU devices and `--config.xxx` overrides, one run at a time. Its
 workdir is `workdir/reproduce/<run id>-<hash of its command>` (checkpoints: an
 interrupted run resumes). A finished run writes
@@ -265,10 +266,12 @@ def execute(run: Run, results_dir: str, work_root: str, *,
   """Trains and evaluates one run with main.py; writes and returns its JSON."""
   workdir = os.path.join(work_root, f'{run.run_id}-{run.fingerprint}')
   os.makedirs(workdir, exist_ok=True)
-  cmd = ['nice', '-n', '19', sys.executable, 'main.py',
-         f'--workdir={workdir}'] + run.args()
+  # No `nice` here: the study is launched under `nice -n 19` (module doc)
+  # and its main.py inherits that; --quick (the tests) runs at the caller's
+  # priority, so it is not starved by the test workers it runs beside.
+  cmd = [sys.executable, 'main.py', f'--workdir={workdir}'] + run.args()
   env = dict(os.environ, XLA_FLAGS=XLA_FLAGS, TF_CPP_MIN_LOG_LEVEL='2')
-  log(f'[{time.strftime("%H:%M:%S")}] {run.run_id}: {" ".join(cmd[3:])}')
+  log(f'[{time.strftime("%H:%M:%S")}] {run.run_id}: {" ".join(cmd[1:])}')
   t0 = time.time()
   with open(os.path.join(workdir, 'main.log'), 'a') as out:
     child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out,

@@ -34,11 +34,11 @@ from jax.sharding import PartitionSpec as P
 import numpy_reference as ref
 import test_train_step
 from benchmarks import queue_comm
-from configs import test as test_config
 from contrastive_jax import losses
-from contrastive_jax import models
 from contrastive_jax import state as state_lib
 from contrastive_jax import train
+from tiny_step import build_step
+from tiny_step import tiny_config
 
 NDEV = 8
 
@@ -171,12 +171,7 @@ B, HW, D = 16, 8, 8
 
 
 def _insdis_config(k, proximal_weight):
-  c = test_config.get_config()
-  c.model.encoder_kwargs.widths = (4, 8)
-  c.model.head_hidden_dim = 16
-  c.model.head_out_dim = D
-  c.batch_size = B
-  c.optimizer.name = 'sgd'
+  c = tiny_config(batch=B, out_dim=D)
   c.method, c.loss = 'memory_bank', 'insdis'
   c.loss_kwargs = {'temperature': 0.1, 'proximal_weight': proximal_weight}
   c.augment.num_views = 1
@@ -207,12 +202,9 @@ def test_insdis_step_loss_equals_the_loss_by_hand(monkeypatch):
   captured = []
   monkeypatch.setattr(losses, 'get_loss', _spy_loss(captured))
   mesh = train.create_mesh()
-  model = models.create_model(config)
-  tx = train.create_optimizer(config, 10)
-  method = train.Method.from_config(config, total_steps=10, steps_per_epoch=5,
-                                    num_examples=n_data)
-  init_fn, step_fn, _ = train.create_step_fns(config, model, tx, mesh, method,
-                                              (HW, HW, 1))
+  model, init_fn, step_fn = build_step(
+      config, mesh, total_steps=10, num_examples=n_data,
+      image_shape=(HW, HW, 1), steps_per_epoch=5)
   state = init_fn(jax.random.key(0))
   bank0 = np.asarray(state.bank)             # Before the donating step.
   rows = bank0.shape[0]

@@ -28,11 +28,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from benchmarks import queue_comm
-from configs import test as test_config
 from contrastive_jax import losses
 from contrastive_jax import models
 from contrastive_jax import state as state_lib
 from contrastive_jax import train
+from tiny_step import build_step
+from tiny_step import tiny_config
 
 B, HW, Q, D = 32, 8, 4096, 48
 N_DATA = 4000          # Memory-bank rows (a multiple of 8: no padding rows).
@@ -40,12 +41,7 @@ TOTAL = 10
 
 
 def _config(loss):
-  c = test_config.get_config()
-  c.model.encoder_kwargs.widths = (4, 8)
-  c.model.head_hidden_dim = 16
-  c.model.head_out_dim = D
-  c.batch_size = B
-  c.optimizer.name = 'sgd'
+  c = tiny_config(batch=B, out_dim=D)
   c.method, c.loss = 'moco', loss
   c.moco.queue_size = Q
   if loss == 'infonce':            # MoCo v2: queue negatives, shuffle-BN.
@@ -71,18 +67,15 @@ def _config(loss):
 
 
 def _build(config, mesh):
-  model = models.create_model(config)
-  tx = train.create_optimizer(config, TOTAL)
-  method = train.Method.from_config(config, total_steps=TOTAL,
-                                    steps_per_epoch=2, num_examples=N_DATA)
-  return train.create_step_fns(config, model, tx, mesh, method, (HW, HW, 1))
+  return build_step(config, mesh, total_steps=TOTAL, num_examples=N_DATA,
+                    image_shape=(HW, HW, 1))[1:]
 
 
 def _step_hlo(config) -> str:
   """The compiled HLO text of the 8-device train step of `config`."""
   mesh = train.create_mesh()
   assert mesh.size == 8
-  init_fn, step_fn, _ = _build(config, mesh)
+  init_fn, step_fn = _build(config, mesh)
   state = jax.eval_shape(init_fn, jax.random.key(0))
   v = config.augment.num_views
   batch = {'views': jax.ShapeDtypeStruct((B, v, HW, HW, 1), jnp.float32),

@@ -23,20 +23,16 @@ from jax.sharding import PartitionSpec as P
 
 from configs import test as test_config
 from contrastive_jax import losses
-from contrastive_jax import models
 from contrastive_jax import train
 from numpy_reference import f32_rtol
+from tiny_step import build_step
+from tiny_step import tiny_config
 
 B, HW, N_DATA, TOTAL = 16, 8, 40, 10
 
 
 def _config(kind):
-  c = test_config.get_config()
-  c.model.encoder_kwargs.widths = (4, 8)
-  c.model.head_hidden_dim = 16
-  c.model.head_out_dim = 8
-  c.batch_size = B
-  c.optimizer.name = 'sgd'
+  c = tiny_config(batch=B, out_dim=8)
   c.optimizer.base_learning_rate = 2.
   c.optimizer.weight_decay = 1e-4
   c.moco.queue_size = 0
@@ -65,13 +61,8 @@ def _config(kind):
 
 
 def _build(config, mesh):
-  model = models.create_model(config)
-  tx = train.create_optimizer(config, TOTAL)
-  method = train.Method.from_config(config, total_steps=TOTAL,
-                                    steps_per_epoch=2, num_examples=N_DATA)
-  init_fn, step_fn, _ = train.create_step_fns(config, model, tx, mesh, method,
-                                              (HW, HW, 1))
-  return model, init_fn, step_fn
+  return build_step(config, mesh, total_steps=TOTAL, num_examples=N_DATA,
+                    image_shape=(HW, HW, 1))
 
 
 def _batch(config, mesh, step):
