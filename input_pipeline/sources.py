@@ -84,11 +84,18 @@ class _ThreadedReader:
   def _read_one(self, i: int) -> tuple[np.ndarray, int]:
     raise NotImplementedError
 
+  def _read_chunk(self, indices: list[int]) -> list[tuple[np.ndarray, int]]:
+    return [self._read_one(i) for i in indices]
+
   def read(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
     indices = [int(i) for i in np.asarray(indices)]
     if self._pool is None:
       self._pool = concurrent.futures.ThreadPoolExecutor(self.num_threads)
-    pairs = list(self._pool.map(self._read_one, indices))
+    # One contiguous chunk per thread, results in the order asked for.
+    chunks = [c.tolist() for c in np.array_split(
+        np.asarray(indices, np.int64), self.num_threads) if len(c)]
+    pairs = [p for part in self._pool.map(self._read_chunk, chunks)
+             for p in part]
     if not pairs:
       return {'image': np.zeros((0,) + self.image_shape, np.uint8),
               'label': np.zeros((0,), np.int32)}
@@ -175,9 +182,12 @@ class TfdsSource(_ThreadedReader):
     return len(self._source)
 
   def _read_one(self, i):
-    ex = self._source[i]
-    return (fit_square(np.asarray(ex['image']), self._size, self._channels),
-            int(ex['label']))
+    return self._read_chunk([i])[0]
+
+  def _read_chunk(self, indices):
+    # One batched ArrayRecord read: ~2x faster per record than one by one.
+    return [(fit_square(np.asarray(ex['image']), self._size, self._channels),
+             int(ex['label'])) for ex in self._source.__getitems__(indices)]
 
 
 def open_split(dataset_config, split: str):
