@@ -1,16 +1,17 @@
 """Each method config's first train steps, pinned across refactors.
 
 `python tests/pinned_steps.py` (from the repository root) runs 3 steps of
-every configs/*.py method config, narrowed to a tiny model and data but with
-its method, loss, hyperparameters, views and optimizer kept, on 8 virtual CPU
-devices, through the real augmentation and jitted step, and writes the
-per-step loss and grad norm and checksums of every part of the final train
-state to tests/pinned_steps.json. tests/test_pinned_steps.py reruns it and
-compares against the committed file.
+every configs/*.py method config, narrowed to a tiny model and data (and SGD,
+see `tiny`) but with its method, loss, hyperparameters and views kept, on 8
+virtual CPU devices, through the real augmentation and jitted step, and
+writes the per-step loss and grad norm and checksums of every part of the
+final train state to tests/pinned_steps.json. tests/test_method_configs.py
+reruns it and compares against the committed file.
 
-The committed values were computed at commit 9ff225c (before the method
-registry, issue 12), so a refactor that moves code without changing what it
-computes keeps them. A change that is meant to alter a number regenerates
+The committed values were made at commit 8c475bd: this script's version there
+(written against the code before the method registry, issue 12, which it
+calls) run on that code. The registry reproduces all 264 values bit for bit
+on the machine that made them. A change meant to alter a number regenerates
 the file and says so in its commit.
 """
 
@@ -28,11 +29,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'tests')]
 jax.config.update('jax_default_matmul_precision', 'highest')
 
-CONFIGS = ('default', 'simclr', 'moco_v2', 'moco_v3', 'insdis', 'cmc',
-           'supcon', 'tcl_sup', 'tcl_ssl', 'cacr_k1', 'cacr_k4', 'cacr_moco',
-           'macl', 'jcl', 'au_cl', 'hn_cl', 'dcl')
 STEPS, BATCH, N_DATA = 3, 16, 48
 PATH = os.path.join(ROOT, 'tests', 'pinned_steps.json')
+
+
+def method_configs() -> tuple[str, ...]:
+  """Every configs/*.py experiment but the test config and the ImageNet-scale
+  recipes (their methods are the small configs'; tiny() cannot narrow a
+  ResNet-50)."""
+  names = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, 'configs'))
+                 if f.endswith('.py') and not f.startswith('_'))
+  return tuple(n for n in names
+               if n != 'test' and not n.startswith('imagenet'))
 
 
 def tiny(name: str):
@@ -69,11 +77,14 @@ def checksums(tree) -> list[float]:
           float(sum(np.abs(x).sum() for x in leaves))]
 
 
-def run(name: str) -> dict:
-  """Runs STEPS steps of config `name`; returns the pinned figures."""
+def run(name: str, on_first_step=None) -> dict:
+  """Runs STEPS steps of config `name`; returns the pinned figures.
+
+  `on_first_step(config, setup, state, batch, metrics, step_rng)`, if given,
+  sees step 0: the state before it (on the host) and the metrics it gave.
+  """
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import models  # pylint: disable=g-import-not-at-top
   from contrastive_jax import train  # pylint: disable=g-import-not-at-top
   from input_pipeline import augment  # pylint: disable=g-import-not-at-top
   config = tiny(name)
@@ -81,36 +92,39 @@ def run(name: str) -> dict:
   total = 10
   mesh = train.create_mesh()
   sharded = NamedSharding(mesh, P('data'))
-  method = train.Method.from_config(config, total_steps=total,
-                                    steps_per_epoch=N_DATA // BATCH,
-                                    num_examples=N_DATA, num_classes=4)
-  model = models.create_model(config)
-  tx = train.create_optimizer(config, total)
-  init_fn, step_fn, _ = train.create_step_fns(config, model, tx, mesh, method,
-                                              images.shape[1:])
+  setup = train.build(config, mesh, total_steps=total,
+                      steps_per_epoch=N_DATA // BATCH, num_examples=N_DATA,
+                      image_shape=images.shape[1:], num_classes=4)
   views_cfg = augment.build_views(config.augment.preset,
                                   config.augment.num_views,
                                   config.augment.overrides)
   init_rng, aug_rng, step_rng = jax.random.split(jax.random.key(0), 3)
   augment_fn = jax.jit(
-      lambda step, x: augment.augment_batch(jax.random.fold_in(aug_rng, step),
-                                            x, views_cfg),
+      lambda step, x: augment.augment_groups(jax.random.fold_in(aug_rng, step),
+                                             x, views_cfg),
       out_shardings=sharded)
-  state = init_fn(init_rng)
+  state = setup.init_fn(init_rng)
   losses, grad_norms = [], []
   for step in range(STEPS):
     idx = np.arange(step * BATCH, (step + 1) * BATCH) % N_DATA
     batch = {'views': augment_fn(step, jax.device_put(images[idx], sharded)),
              'label': jax.device_put(labels[idx], sharded),
              'index': jax.device_put(idx.astype(np.int32), sharded)}
-    state, metrics = step_fn(state, batch, step_rng)
+    before = jax.device_get(state) if step == 0 and on_first_step else None
+    state, metrics = setup.step_fn(state, batch, step_rng)
+    if before is not None:
+      on_first_step(config, setup, before, jax.device_get(batch),
+                    jax.device_get(metrics), step_rng)
     losses.append(float(metrics['loss']))
     grad_norms.append(float(metrics['grad_norm']))
   state = jax.device_get(state)
+  ms = state.method_state
   parts = {'params': state.params, 'batch_stats': state.batch_stats,
-           'opt_state': state.opt_state, 'key_params': state.key_params,
-           'key_batch_stats': state.key_batch_stats, 'queue': state.queue,
-           'bank': state.bank,
+           'opt_state': state.opt_state,
+           'key_params': getattr(ms, 'key_params', None),
+           'key_batch_stats': getattr(ms, 'key_batch_stats', None),
+           'queue': getattr(ms, 'queue', None),
+           'bank': getattr(ms, 'bank', None),
            'probe': (state.probe_params, state.probe_opt_state)}
   return {'loss': losses, 'grad_norm': grad_norms,
           'checksums': {k: checksums(v) for k, v in parts.items()
@@ -118,7 +132,7 @@ def run(name: str) -> dict:
 
 
 if __name__ == '__main__':
-  pinned = {name: run(name) for name in CONFIGS}
-  with open(PATH, 'w') as f:
+  pinned = {name: run(name) for name in method_configs()}
+  with open(sys.argv[1] if len(sys.argv) > 1 else PATH, 'w') as f:
     json.dump(pinned, f, indent=1, sort_keys=True)
-  print(f'wrote {PATH}')
+  print(f'wrote {f.name}')
