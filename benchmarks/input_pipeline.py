@@ -421,21 +421,17 @@ def _train_step_views_per_s(iters: int) -> float:
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
   from configs import default  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import models  # pylint: disable=g-import-not-at-top
   from contrastive_jax import train  # pylint: disable=g-import-not-at-top
   config = default.get_config()
   mesh = train.create_mesh()
-  model = models.create_model(config)
-  tx = train.create_optimizer(config, total_steps=1000)
-  method = train.Method.from_config(config, total_steps=1000,
-                                    steps_per_epoch=117, num_examples=60_000)
-  init_fn, step_fn, _ = train.create_step_fns(config, model, tx, mesh, method,
-                                              (28, 28, 1))
+  setup = train.build(config, mesh, total_steps=1000, steps_per_epoch=117,
+                      num_examples=60_000, image_shape=(28, 28, 1))
+  init_fn, step_fn = setup.init_fn, setup.step_fn
   state = init_fn(jax.random.key(0))
   b, v = config.batch_size, config.augment.num_views
   rng = np.random.default_rng(0)
   batch = jax.device_put(
-      {'views': rng.random((b, v, 28, 28, 1), np.float32),
+      {'views': (rng.random((b, v, 28, 28, 1), np.float32),),
        'label': rng.integers(0, 10, b).astype(np.int32),
        'index': np.arange(b, dtype=np.int32)}, NamedSharding(mesh, P('data')))
   step_rng = jax.random.key(1)

@@ -34,6 +34,7 @@ from contrastive_jax import losses  # noqa: E402
 # Keys, queues and labels are passed as arguments, never closed over: closed-
 # over arrays become XLA constants, which it then tries to constant-fold.
 Case = tuple[str, Callable, jax.Array, tuple, tuple[int, int, bool]]
+In = losses.LossInputs   # pylint: disable=invalid-name
 
 
 def _z(rng, nv, d, v=2):
@@ -51,52 +52,50 @@ def _key_inputs(rng, nv, d, q, vk=1):
 def _in_batch(name, **kw):
   def build(rng, nv, d, q):
     del q
-    fn = losses.LOSSES[name]
-    return [(name, lambda z: fn(z, **kw), _z(rng, nv, d), (), (nv, nv, True))]
+    return [(name, lambda z: losses.apply(name, In(z), **kw), _z(rng, nv, d),
+             (), (nv, nv, True))]
   return build
 
 
 def _labelled(name, **kw):
   def build(rng, nv, d, q):
     del q
-    fn = losses.LOSSES[name]
     labels = jax.random.randint(rng, (nv // 2,), 0, 10)
-    return [(name, lambda z, lab: fn(z, lab, **kw), _z(rng, nv, d), (labels,),
-             (nv, nv, True))]
+    return [(name, lambda z, lab: losses.apply(name, In(z, labels=lab), **kw),
+             _z(rng, nv, d), (labels,), (nv, nv, True))]
   return build
 
 
 def _infonce(rng, nv, d, q):
   query, key, queue = _key_inputs(rng, nv, d, q)
-  fn = losses.LOSSES['infonce']
-  return [('infonce', lambda x, k, qu: fn(x, k, queue=qu,
-                                          in_batch_negatives=False),
+  return [('infonce', lambda x, k, qu: losses.apply(
+      'infonce', In(x, key=k, queue=qu), in_batch_negatives=False),
            query, (key, queue), (nv, q, False))]
 
 
 def _insdis(rng, nv, d, q):
   query, key, queue = _key_inputs(rng, nv, d, q)
-  fn = losses.LOSSES['insdis']
-  return [('insdis', lambda x, k, qu: fn(x, k, queue=qu, num_data=1_281_167),
+  return [('insdis', lambda x, k, qu: losses.apply(
+      'insdis', In(x, key=k, queue=qu), num_data=1_281_167),
            query, (key, queue), (nv, q, False))]
 
 
 def _cacr(rng, nv, d, q):
-  fn = losses.LOSSES['cacr']
   z = _z(rng, nv, d)
   key = jax.random.normal(jax.random.fold_in(rng, 1), z.shape)
   queue = jax.random.normal(jax.random.fold_in(rng, 2), (q, d))
   return [
-      ('cacr', fn, z, (), (nv, nv, True)),
-      ('cacr+queue', lambda x, k, qu: fn(x, key=k, queue=qu), z, (key, queue),
+      ('cacr', lambda x: losses.apply('cacr', In(x)), z, (), (nv, nv, True)),
+      ('cacr+queue', lambda x, k, qu: losses.apply(
+          'cacr', In(x, key=k, queue=qu)), z, (key, queue),
        (nv, q + nv // 2, False)),
   ]
 
 
 def _jcl(rng, nv, d, q):
   query, key, queue = _key_inputs(rng, nv, d, q, vk=4)
-  fn = losses.LOSSES['jcl']
-  return [('jcl', lambda x, k, qu: fn(x, k, queue=qu, lam=2.0), query,
+  return [('jcl', lambda x, k, qu: losses.apply(
+      'jcl', In(x, key=k, queue=qu), lam=2.0), query,
            (key, queue), (nv, q, False))]
 
 

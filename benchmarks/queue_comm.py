@@ -8,7 +8,7 @@ Run from the repository root (8 virtual CPU devices are set up here):
 What is measured. The MoCo v2 step of `configs/moco_v2.py` (small CNN,
 batch 256 x 2 views, shuffle-BN, InfoNCE against the queue only) with the
 paper's queue, Q = 65536 rows of D = 128, built exactly as train.py builds it
-(`train.create_step_fns`: state sharded as `train.state_shardings` says, the
+(`train.build`: state sharded as `train.state_shardings` says, the
 queue by rows over 'data'), compiled for 8 devices in two layouts:
 
 * gathered (before): the queue write was a `dynamic_update_slice` at the
@@ -148,25 +148,21 @@ def _compile_and_time(config, *, num_examples: int, steps: int):
   import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import models  # pylint: disable=g-import-not-at-top
   from contrastive_jax import train  # pylint: disable=g-import-not-at-top
 
   mesh = train.create_mesh()
   steps_per_epoch = num_examples // config.batch_size
-  total = int(config.num_epochs * steps_per_epoch)
-  model = models.create_model(config)
-  tx = train.create_optimizer(config, total)
-  method = train.Method.from_config(config, total_steps=total,
-                                    steps_per_epoch=steps_per_epoch,
-                                    num_examples=num_examples)
-  init_fn, step_fn, _ = train.create_step_fns(config, model, tx, mesh, method,
-                                              (28, 28, 1))
+  setup = train.build(config, mesh,
+                      total_steps=int(config.num_epochs * steps_per_epoch),
+                      steps_per_epoch=steps_per_epoch,
+                      num_examples=num_examples, image_shape=(28, 28, 1))
+  init_fn, step_fn = setup.init_fn, setup.step_fn
   state = init_fn(jax.random.key(0))
   rng = np.random.default_rng(0)
   b, v = config.batch_size, config.augment.num_views
   data = NamedSharding(mesh, P('data'))
-  batch = {'views': jax.device_put(
-      rng.random((b, v, 28, 28, 1), np.float32), data),
+  batch = {'views': (jax.device_put(
+      rng.random((b, v, 28, 28, 1), np.float32), data),),
            'label': jax.device_put(np.zeros(b, np.int32), data),
            'index': jax.device_put(rng.permutation(num_examples)[:b].astype(
                np.int32), data)}

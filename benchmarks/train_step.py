@@ -9,8 +9,7 @@ What is measured. Every row runs in a fresh subprocess, because the number of
 virtual CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=N) must
 be set before jax is imported. A row builds the step exactly as
 `contrastive_jax/train.py` does (`models.create_model`,
-`train.create_optimizer`, `train.Method.from_config` and
-`train.create_step_fns`: `train.train_step` with the configured loss, jitted
+`train.build`: `train.train_step` with the configured method and loss, jitted
 with the state's shardings, batch sharded over 'data', the state donated),
 compiles it, then times `--steps` steps after 2
 warm-up steps on fixed random views (the augmentation is not part of the
@@ -90,21 +89,15 @@ def _image_shape(model: str):
 
 
 def _build(config, mesh, model: str):
-  """(model, tx, method, init_fn, step_fn) exactly as train.py builds them."""
-  from contrastive_jax import models  # pylint: disable=g-import-not-at-top
+  """train.build(config) exactly as train.py calls it."""
   from contrastive_jax import train  # pylint: disable=g-import-not-at-top
   # Fashion-MNIST: 60k / 512 = 117 steps per epoch, 4 epochs. The schedule
   # only sets lr values, not the cost of a step.
   steps_per_epoch = 60_000 // config.batch_size
-  total_steps = int(config.num_epochs * steps_per_epoch)
-  net = models.create_model(config)
-  tx = train.create_optimizer(config, total_steps)
-  method = train.Method.from_config(config, total_steps=total_steps,
-                                    steps_per_epoch=steps_per_epoch,
-                                    num_examples=60_000)
-  init_fn, step_fn, _ = train.create_step_fns(config, net, tx, mesh, method,
-                                              _image_shape(model))
-  return net, tx, method, init_fn, step_fn
+  return train.build(config, mesh,
+                     total_steps=int(config.num_epochs * steps_per_epoch),
+                     steps_per_epoch=steps_per_epoch, num_examples=60_000,
+                     image_shape=_image_shape(model))
 
 
 def run_peak() -> dict:
@@ -133,14 +126,15 @@ def run_step(model: str, devices: int, batch: int, steps: int) -> dict:
   assert jax.device_count() == devices, jax.devices()
   config = _config(model, batch)
   mesh = train.create_mesh()
-  _, _, _, init_fn, step_fn = _build(config, mesh, model)
+  setup = _build(config, mesh, model)
+  init_fn, step_fn = setup.init_fn, setup.step_fn
   shape = _image_shape(model)
   state = init_fn(jax.random.key(0))
   data_sharding = NamedSharding(mesh, P('data'))
   views = {
-      'views': jax.device_put(np.random.default_rng(0).random(
+      'views': (jax.device_put(np.random.default_rng(0).random(
           (batch, config.augment.num_views) + shape, np.float32),
-                              data_sharding),
+                               data_sharding),),
       'label': jax.device_put(np.zeros(batch, np.int32), data_sharding),
       'index': jax.device_put(np.arange(batch, dtype=np.int32),
                               data_sharding)}
@@ -176,15 +170,16 @@ def run_profile(steps: int) -> dict:
 
   config = _config('default', 512)
   mesh = train.create_mesh()
-  net, _, _, init_fn, step_fn = _build(config, mesh, 'default')
-  loss_fn = functools.partial(losses.get_loss(config.loss),
-                              **config.loss_kwargs)
+  setup = _build(config, mesh, 'default')
+  net, init_fn, step_fn = setup.model, setup.init_fn, setup.step_fn
+  loss_fn = functools.partial(losses.apply, config.loss,
+                              **setup.loss.kwargs)
   b, v = config.batch_size, config.augment.num_views
   views = jnp.asarray(np.random.default_rng(0).random(
       (b, v, 28, 28, 1), np.float32))
   flat = views.reshape((b * v, 28, 28, 1))
   state = init_fn(jax.random.key(0))
-  batch = {'views': views, 'label': jnp.zeros(b, jnp.int32),
+  batch = {'views': (views,), 'label': jnp.zeros(b, jnp.int32),
            'index': jnp.arange(b, dtype=jnp.int32)}
 
   def fwd(params, x):
@@ -193,7 +188,7 @@ def run_profile(steps: int) -> dict:
     return out['projection']
 
   def fwd_loss(params, x):
-    return loss_fn(fwd(params, x).reshape(b, v, -1))[0]
+    return loss_fn(losses.LossInputs(fwd(params, x).reshape(b, v, -1)))[0]
 
   phases = {
       'forward (train mode)': (jax.jit(fwd), (state.params, flat)),

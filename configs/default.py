@@ -81,13 +81,17 @@ def get_config() -> ml_collections.ConfigDict:
   # A loss from contrastive_jax.losses.LOSSES and its keyword arguments.
   config.loss = 'ntxent'
   config.loss_kwargs = ml_collections.ConfigDict({'temperature': 0.1})
+  # Loss keywords that change per step: keyword -> a kind from
+  # contrastive_jax/schedules.py applied to its loss_kwargs value (or the
+  # loss's default), e.g. {'lam': 'epoch_ramp'} (JCL).
+  config.loss_schedules = ml_collections.ConfigDict()
 
-  # How a batch becomes the loss's inputs (contrastive_jax/train.py, Method):
-  # 'in_batch' (all views through the online encoder; SimCLR-style), 'moco'
-  # (EMA key encoder, optional queue) or 'memory_bank' (InsDis/CMC).
+  # How a batch becomes the loss's inputs: a module of contrastive_jax/methods,
+  # e.g. 'in_batch' (all views through the online encoder; SimCLR-style),
+  # 'moco' (EMA key encoder, optional queue), 'memory_bank' (InsDis/CMC).
   config.method = 'in_batch'
   config.use_labels = False       # Pass batch labels to the loss (supcon, tcl).
-  # method='moco' only.
+  # method='moco' (and methods built on it) only.
   config.moco = ml_collections.ConfigDict()
   config.moco.momentum = 0.999              # EMA momentum m (at step 0).
   config.moco.momentum_schedule = 'constant'  # Or 'cosine' (to 1; MoCo v3).
@@ -95,11 +99,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.moco.key_views = (1,)              # Views through the key encoder.
   config.moco.queue_size = 0                # 0: no queue; else % batch_size.
   config.moco.shuffle_bn = False            # Key encoder: per-device shuffle-BN.
-  config.moco.lambda_ramp = False           # JCL: lam * (epoch + 1) / epochs.
+  # What enters the queue: 'first' key view (MoCo) or 'mean' of the
+  # normalised key views (JCL's key means).
+  config.moco.enqueue_keys = 'first'
   # method='memory_bank' only.
   config.memory_bank = ml_collections.ConfigDict()
   config.memory_bank.momentum = 0.5         # Bank row update (InsDis: 0.5).
   config.memory_bank.num_negatives = 4096   # Rows sampled as noise per step.
+  # 'per_instance': K rows for every instance (InsDis); 'shared': one K-row
+  # sample for the whole batch (CMC).
+  config.memory_bank.noise = 'per_instance'
 
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.name = 'adamw'

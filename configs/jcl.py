@@ -43,5 +43,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.moco.key_views = (1, 2, 3, 4)
   config.moco.queue_size = 4096
   config.moco.shuffle_bn = True
-  config.moco.lambda_ramp = True
+  config.moco.enqueue_keys = 'mean'
+  config.loss_schedules.lam = 'epoch_ramp'
   return config

@@ -52,7 +52,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import evaluate
-from contrastive_jax import models
 from contrastive_jax import runtime
 from contrastive_jax import train
 from contrastive_jax.evaluators import diagnostics
@@ -243,7 +242,7 @@ def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
   num_classes = max(train_data.num_classes, test_data.num_classes)
 
   mesh = runtime.create_mesh()
-  model = models.create_model(config)
+  model = train.create_model(config)
   variables, restored_step = restore_variables(
       workdir, model, train_data.image_shape, mesh, step)
   logging.info('Restored step %d of %s.', restored_step, workdir)

@@ -1,14 +1,10 @@
 """The train state pytree and the pure updates of its non-gradient parts.
 
-`TrainState` holds everything that changes during training. Fields a method
-does not use are None (no leaves), so they cost nothing in checkpoints:
-
-  * `key_params`, `key_batch_stats`: the EMA key encoder (method 'moco');
-  * `queue` [Q, D] and `queue_ptr`: MoCo's ring buffer of past keys ('moco'
-    with queue_size > 0);
-  * `bank` [num_examples, D]: InsDis/CMC's memory bank ('memory_bank');
-  * `probe_params`, `probe_opt_state`: the online linear monitor
-    (`config.online.linear_probe`).
+`TrainState` holds everything that changes during training. `method_state` is
+the method's own pytree (contrastive_jax/methods: a key encoder and MoCo's
+queue, a memory bank; None for in-batch methods); `probe_params` and
+`probe_opt_state` are the online linear monitor's (`config.online`), None when
+it is off. None fields have no leaves, so they cost nothing in checkpoints.
 
 Every function here is pure: arrays in, arrays out, no state, so the train step
 stays a pure function of (state, batch) and resuming is exact.
@@ -16,7 +12,6 @@ stays a pure function of (state, batch) and resuming is exact.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import flax
@@ -33,12 +28,7 @@ class TrainState:
   params: Any                     # Online (query) encoder + head.
   batch_stats: Any                # Its BatchNorm running statistics.
   opt_state: Any
-  key_params: Any = None          # EMA key encoder (None: no key encoder).
-  key_batch_stats: Any = None     # Key encoder's own BN statistics.
-  queue: jax.Array | None = None  # [Q, D] past keys, row r written at step
-  queue_ptr: jax.Array | None = None  # ... r // B (mod Q / B); int32 scalar.
-  bank: jax.Array | None = None   # [num_rows, D] memory bank (rows >= data
-                                  # size are padding, never read).
+  method_state: Any = None        # The method's (methods/*.py State).
   probe_params: Any = None        # Online monitor: linear classifier on the
   probe_opt_state: Any = None     # stop-gradient backbone features.
 
@@ -58,24 +48,6 @@ def ema_update(target: Any, online: Any, momentum: jax.Array | float) -> Any:
   return jax.tree.map(
       lambda t, o: (m * t + (1. - m) * jax.lax.stop_gradient(o)).astype(
           t.dtype), target, online)
-
-
-def momentum_schedule(step: jax.Array, *, base: float, total_steps: int,
-                      schedule: str = 'constant') -> jax.Array:
-  """EMA momentum at `step` (traced, so the step does not recompile).
-
-  'constant': base (MoCo v1/v2: 0.999). 'cosine': BYOL / MoCo v3's increase
-  to 1, m_t = 1 - (1 - base) (cos(pi t / T) + 1) / 2, so m_0 = base and
-  m_T = 1.
-  """
-  if schedule == 'constant':
-    return jnp.asarray(base, jnp.float32)
-  if schedule == 'cosine':
-    t = jnp.asarray(step, jnp.float32) / max(total_steps, 1)
-    return 1. - (1. - base) * (jnp.cos(math.pi * t) + 1.) / 2.
-  raise ValueError(f'unknown momentum schedule {schedule!r} '
-                   '(config.moco.momentum_schedule); known: constant, '
-                   'cosine.')
 
 
 def init_queue(rng: jax.Array, size: int, dim: int) -> jax.Array:

@@ -43,8 +43,10 @@ from jax.sharding import PartitionSpec as P
 from contrastive_jax import checkpointing
 from contrastive_jax import evaluate
 from contrastive_jax import losses
+from contrastive_jax import methods
 from contrastive_jax import models
 from contrastive_jax import runtime
+from contrastive_jax import schedules
 from contrastive_jax import state as state_lib
 from input_pipeline import augment
 from input_pipeline import pipeline
@@ -87,100 +89,49 @@ def create_optimizer(config, total_steps: int) -> optax.GradientTransformation:
 
 
 # --------------------------------------------------------------------------
-# The method layer: how a batch becomes the loss's inputs.
+# The step: method prepares, forward, loss, optimiser, method updates.
 # --------------------------------------------------------------------------
 
-METHODS = ('in_batch', 'moco', 'memory_bank')
-# Losses each method can feed (the others need inputs the method lacks).
-_METHOD_LOSSES = {
-    'in_batch': ('ntxent', 'supcon', 'tcl', 'cacr', 'macl', 'dcl',
-                 'align_uniform', 'hard_negative', 'cmc'),
-    'moco': ('infonce', 'jcl', 'cacr'),
-    'memory_bank': ('insdis', 'cmc'),
-}
-_SUPERVISED_LOSSES = ('supcon', 'tcl')
+@dataclasses.dataclass(frozen=True)
+class Loss:
+  """The configured loss: its name, fixed hyperparameters and schedules.
+
+  `schedules` maps a loss keyword to a function step -> value (e.g. JCL's
+  lambda ramp, `config.loss_schedules`); the step passes their values traced,
+  so a changing value does not recompile it.
+  """
+  name: str
+  kwargs: dict[str, Any]
+  schedules: dict[str, Any]
+
+  @classmethod
+  def from_config(cls, config, method: methods.base.Method,
+                  ctx: methods.base.Context) -> 'Loss':
+    kwargs = {**dict(config.loss_kwargs), **method.loss_kwargs()}
+    scheduled = {}
+    for name, kind in dict(config.loss_schedules).items():
+      base_value = kwargs.pop(name) if name in kwargs else losses.default_kwarg(
+          config.loss, name)
+      scheduled[name] = schedules.build(
+          kind, float(base_value), total_steps=ctx.total_steps,
+          steps_per_epoch=ctx.steps_per_epoch, num_epochs=ctx.num_epochs,
+          name=f'config.loss_schedules.{name}')
+    return cls(name=config.loss, kwargs=kwargs, schedules=scheduled)
 
 
 @dataclasses.dataclass(frozen=True)
-class Method:
-  """Static (compile-time) settings of the method, derived from the config.
-
-  `name` selects how `train_step` turns a batch into loss inputs:
-    * 'in_batch': z [B, V, D] from all V views through the online encoder
-      (SimCLR, SupCon/TCL with `use_labels`, CACR in-batch, MACL, DCL, AU-CL,
-      HN-CL, CMC without a bank);
-    * 'moco': query = online encoder on `query_views`, key = EMA encoder on
-      `key_views` (under stop_gradient), negatives from the queue if
-      `queue_size` > 0 (MoCo v2, MoCo v3-style symmetric, CACR-MoCo, JCL);
-    * 'memory_bank': z from all views; positives = the bank rows of the
-      batch's `index`, negatives = `num_negatives` uniformly sampled rows;
-      the bank is updated with momentum after the step (InsDis, CMC).
-  """
-  name: str
-  loss: str
-  use_labels: bool
-  total_steps: int
-  steps_per_epoch: int
-  num_epochs: float
-  # moco
-  momentum: float
-  momentum_schedule: str
-  query_views: tuple[int, ...]
-  key_views: tuple[int, ...]
-  queue_size: int
-  shuffle_bn: bool
-  lambda_ramp: bool
-  lam: float
-  # memory_bank
-  num_examples: int
-  bank_momentum: float
-  num_negatives: int
-  # Online linear monitor (0 classes: off).
-  probe_classes: int = 0
-  probe_learning_rate: float = 1e-3
-
-  @classmethod
-  def from_config(cls, config, *, total_steps: int, steps_per_epoch: int,
-                  num_examples: int, num_classes: int = 0) -> 'Method':
-    mc, mb = config.moco, config.memory_bank
-    probe = config.online.linear_probe and num_classes > 1
-    return cls(
-        name=config.method, loss=config.loss,
-        use_labels=bool(config.use_labels), total_steps=total_steps,
-        steps_per_epoch=steps_per_epoch, num_epochs=float(config.num_epochs),
-        momentum=float(mc.momentum), momentum_schedule=mc.momentum_schedule,
-        query_views=tuple(mc.query_views), key_views=tuple(mc.key_views),
-        queue_size=int(mc.queue_size), shuffle_bn=bool(mc.shuffle_bn),
-        lambda_ramp=bool(mc.lambda_ramp),
-        # One source for JCL's default lambda: the jcl loss's own signature
-        # (a missing `lam` used to mean 0 here but 4.0 in the loss). Looked
-        # up rather than copied so that the two can never drift apart again.
-        lam=float(config.loss_kwargs.get('lam', losses.default_kwarg(
-            'jcl', 'lam')) if config.loss == 'jcl' else 0.),
-        num_examples=num_examples, bank_momentum=float(mb.momentum),
-        num_negatives=int(mb.num_negatives),
-        probe_classes=num_classes if probe else 0,
-        probe_learning_rate=float(config.online.probe_learning_rate))
+class OnlineProbe:
+  """The online linear monitor's settings (`config.online`)."""
+  num_classes: int
+  learning_rate: float
 
   @property
-  def has_key_encoder(self) -> bool:
-    return self.name == 'moco'
-
-  def lam_at(self, step: jax.Array) -> jax.Array:
-    """JCL's ramp, lambda_t = lambda_max (epoch + 1) / num_epochs (traced)."""
-    if not self.lambda_ramp:
-      return jnp.asarray(self.lam, jnp.float32)
-    epoch = (step // self.steps_per_epoch).astype(jnp.float32)
-    epochs = float(max(math.ceil(self.num_epochs), 1))
-    return self.lam * jnp.minimum((epoch + 1.) / epochs, 1.)
-
-
-def _probe_tx(method: Method) -> optax.GradientTransformation:
-  return optax.adam(method.probe_learning_rate)
+  def tx(self) -> optax.GradientTransformation:
+    return optax.adam(self.learning_rate)
 
 
 def online_probe_step(probe_params, probe_opt_state, features, labels, *,
-                      method: Method):
+                      probe: OnlineProbe):
   """One step of the online linear monitor on frozen features.
 
   Args:
@@ -188,7 +139,7 @@ def online_probe_step(probe_params, probe_opt_state, features, labels, *,
     probe_opt_state: its Adam state.
     features: [B, F] backbone features of the batch (one view).
     labels: [B] int class ids.
-    method: for the learning rate.
+    probe: its settings.
 
   Returns:
     (probe_params, probe_opt_state, metrics) with `online/linear_acc` (top-1
@@ -206,278 +157,157 @@ def online_probe_step(probe_params, probe_opt_state, features, labels, *,
 
   (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(
       probe_params)
-  updates, probe_opt_state = _probe_tx(method).update(grads, probe_opt_state)
+  updates, probe_opt_state = probe.tx.update(grads, probe_opt_state)
   metrics = {'online/linear_acc': jnp.mean(jnp.argmax(logits, -1) == labels),
              'online/linear_loss': loss}
   return optax.apply_updates(probe_params, updates), probe_opt_state, metrics
 
 
-def bank_rows(num_examples: int, num_devices: int) -> int:
-  """Bank rows: the data size rounded up so the bank shards evenly."""
-  return -(-num_examples // num_devices) * num_devices
-
-
-def create_train_state(rng, *, model, tx, image_shape, method: Method,
-                       num_devices: int) -> TrainState:
-  """The initial state; the key encoder starts as a copy of the online one."""
+def create_train_state(rng, *, model, tx, image_shape,
+                       method: methods.base.Method,
+                       probe: OnlineProbe | None = None) -> TrainState:
+  """The initial state: the model's, the method's and the monitor's."""
   init_rng, queue_rng, bank_rng = jax.random.split(rng, 3)
-  variables = model.init(init_rng, jnp.zeros((2,) + tuple(image_shape)),
-                         train=False)
+  dummy = jnp.zeros((2,) + tuple(image_shape))
+  variables = model.init(init_rng, dummy, train=False)
   params = variables['params']
-  batch_stats = variables.get('batch_stats', {})
-  out_dim = model.head.out_dim
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                     batch_stats=batch_stats, opt_state=tx.init(params))
-  if method.has_key_encoder:
-    state = state.replace(key_params=jax.tree.map(jnp.copy, params),
-                          key_batch_stats=jax.tree.map(jnp.copy, batch_stats))
-    if method.queue_size:
-      state = state.replace(
-          queue=state_lib.init_queue(queue_rng, method.queue_size, out_dim),
-          queue_ptr=jnp.zeros((), jnp.int32))
-  if method.name == 'memory_bank':
-    state = state.replace(bank=state_lib.init_bank(
-        bank_rng, bank_rows(method.num_examples, num_devices), out_dim))
-  if method.probe_classes:
-    feature_dim = model.apply(variables, jnp.zeros((1,) + tuple(image_shape)),
-                              train=False)['features'].shape[-1]
-    probe = {'w': jnp.zeros((feature_dim, method.probe_classes)),
-             'b': jnp.zeros((method.probe_classes,))}
-    state = state.replace(probe_params=probe,
-                          probe_opt_state=_probe_tx(method).init(probe))
+  out = jax.eval_shape(lambda: model.apply(variables, dummy, train=False))
+  state = TrainState(
+      step=jnp.zeros((), jnp.int32), params=params,
+      batch_stats=variables.get('batch_stats', {}), opt_state=tx.init(params),
+      method_state=method.init({'queue': queue_rng, 'bank': bank_rng},
+                               variables,
+                               out_dim=out[method.embedding].shape[-1]))
+  if probe is not None:
+    w = {'w': jnp.zeros((out['features'].shape[-1], probe.num_classes)),
+         'b': jnp.zeros((probe.num_classes,))}
+    state = state.replace(probe_params=w, probe_opt_state=probe.tx.init(w))
   return state
 
 
-def state_shardings(abstract_state: TrainState, mesh) -> TrainState:
-  """Replicated everywhere except the queue and the bank, sharded by rows.
-
-  The step keeps the queue sharded: its logits are computed where its rows
-  live and its write is a per-device scatter (`train_step`, `state.enqueue`),
-  so no device ever holds the whole [Q, D] queue.
-  """
+def state_shardings(abstract_state: TrainState, method: methods.base.Method,
+                    mesh) -> TrainState:
+  """Replicated everywhere except where the method says (queue, bank rows)."""
   replicated = NamedSharding(mesh, P())
-  rows = NamedSharding(mesh, P('data', None))
   shardings = jax.tree.map(lambda _: replicated, abstract_state)
-  return shardings.replace(
-      queue=None if abstract_state.queue is None else rows,
-      bank=None if abstract_state.bank is None else rows)
+  return shardings.replace(method_state=method.shardings(
+      abstract_state.method_state, mesh))
 
 
-def _forward(model, variables, views):
-  """[B, V, ...] views -> (z [B, V, D], features [B, V, F], new batch_stats).
-
-  All views go through the encoder as one batch, so BatchNorm statistics are
-  shared across views (and, under jit, across devices: global BN).
-  """
-  b, v = views.shape[:2]
-  out, new_vars = model.apply(variables, views.reshape((b * v,) +
-                                                       views.shape[2:]),
-                              train=True, mutable=['batch_stats'])
-  return (out['projection'].reshape(b, v, -1),
-          out['features'].reshape(b, v, -1), new_vars['batch_stats'])
-
-
-def _key_forward(model, variables, views, rng, *, shuffle_bn: bool, mesh):
-  """The key encoder's embeddings [B, Vk, D] and its new BN statistics.
-
-  Global BN (default): one forward under jit, statistics over the whole key
-  batch. Shuffle-BN (MoCo): the B * Vk key images are permuted across the
-  global batch, each device normalises its own shard with per-device BN
-  (`jax.shard_map`), and the inverse permutation restores the order; the
-  running statistics are averaged over devices. Per-device BN on a shuffled
-  batch keeps a query and its key from sharing BN statistics, which MoCo found
-  otherwise leaks the positive.
-  """
-  if not shuffle_bn:
-    z, _, bs = _forward(model, variables, views)
-    return z, bs
-  b, v = views.shape[:2]
-  flat = views.reshape((b * v,) + views.shape[2:])
-  perm = jax.random.permutation(rng, b * v)
-
-  def per_device(variables, x):
-    out, new_vars = model.apply(variables, x, train=True,
-                                mutable=['batch_stats'])
-    return out['projection'], jax.lax.pmean(new_vars['batch_stats'], 'data')
-
-  z, bs = jax.shard_map(per_device, mesh=mesh,
-                        in_specs=(P(), P('data')),
-                        out_specs=(P('data'), P()))(variables, flat[perm])
-  z = z[jnp.argsort(perm)]
-  return z.reshape(b, v, -1), bs
-
-
-def train_step(state: TrainState, batch: dict[str, jax.Array],
-               rng: jax.Array, *, model, tx, loss_fn, method: Method,
+def train_step(state: TrainState, batch: dict[str, Any], rng: jax.Array, *,
+               model, tx, method: methods.base.Method, loss: Loss,
+               probe: OnlineProbe | None = None,
                mesh=None) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimisation step. Pure: jit it with the state donated.
 
   Args:
     state: the current TrainState.
-    batch: {'views': [B, V, H, W, C] float, 'label': [B] int32,
-      'index': [B] int32 example ids}.
+    batch: {'views': view groups (see methods/base.py), each [B, V_g, H_g,
+      W_g, C] float, 'label': [B] int32, 'index': [B] int32 example ids}.
     rng: a base PRNG key; the step's randomness is fold_in(rng, step).
-    model: a ContrastiveModel.
+    model: the (method-wrapped) ContrastiveModel.
     tx: the optax optimizer.
-    loss_fn: the configured loss with its hyperparameters bound.
-    method: the static method settings (see `Method`).
-    mesh: the mesh (needed only for shuffle-BN's shard_map).
+    method: how the batch becomes the loss's inputs (contrastive_jax/methods).
+    loss: the configured loss.
+    probe: the online linear monitor, or None.
+    mesh: the mesh (for the methods' sharded state and shard_maps).
 
   Returns:
-    (new_state, metrics) with `loss`, `grad_norm` and the loss's metrics.
+    (new_state, metrics) with `loss`, `grad_norm`, the loss's metrics, the
+    method's (e.g. `momentum`) and the scheduled hyperparameters' values.
   """
   rng = jax.random.fold_in(rng, state.step)
-  views, labels, index = batch['views'], batch['label'], batch['index']
-  extra_metrics = {}
-  new = {}
+  # 1. The method's inputs computed without gradient (keys, negatives).
+  prepared = method.prepare(state, batch, rng, model=model, mesh=mesh)
+  scheduled = {k: fn(state.step) for k, fn in loss.schedules.items()}
 
-  if method.name == 'moco':
-    m = state_lib.momentum_schedule(
-        state.step, base=method.momentum, total_steps=method.total_steps,
-        schedule=method.momentum_schedule)
-    # MoCo order: update the key encoder from the current online weights,
-    # then compute the keys with it.
-    key_params = state_lib.ema_update(state.key_params, state.params, m)
-    key_z, key_bs = _key_forward(
-        model, {'params': key_params, 'batch_stats': state.key_batch_stats},
-        views[:, list(method.key_views)], rng, shuffle_bn=method.shuffle_bn,
-        mesh=mesh)
-    # Keys are targets: the key encoder is an EMA, never trained, and the loss
-    # must not push gradients into it (MoCo computes k under no_grad).
-    key_z = jax.lax.stop_gradient(key_z)
-    new.update(key_params=key_params, key_batch_stats=key_bs)
-    extra_metrics['momentum'] = m
-    query_views = views[:, list(method.query_views)]
-  else:
-    query_views = views
-  queue = state.queue
-  if queue is not None and mesh is not None:
-    # The queue's rows stay on their devices: the loss's [B, Q] queue logits
-    # are formed per device as [B, Q / devices] from the all-gathered [B, D]
-    # queries, and the log-sum-exp over Q is combined with [B]-sized
-    # all-reduces (max, sum), as is the gradient to the queries. XLA's
-    # partitioner does this itself once the queue's row sharding is fixed
-    # here, so the losses stay mesh-agnostic and the 1-device path (mesh of
-    # 1, or no mesh in a notebook) is the same code. (The enqueue below is
-    # a scatter for the same reason: see `state.enqueue`.)
-    # tests/test_queue_sharding.py checks that the compiled step never
-    # all-gathers the [Q, D] queue.
-    queue = jax.lax.with_sharding_constraint(
-        queue, NamedSharding(mesh, P('data', None)))
-
-  if method.name == 'memory_bank':
-    # InsDis draws its noise rows per instance, [B, K] (lemniscate's
-    # NCEAverage: idx = multinomial.draw(B * (K + 1)).view(B, -1)). Each
-    # device draws K / devices of them from the data rows of its own bank
-    # shard and reads them there, so the row-sharded bank is never gathered
-    # and the [B, K, D] rows stay sharded along K (see
-    # `state.sample_bank_noise` for why stratified draws are still NCE's
-    # uniform noise). CMC's bank sample is one [K] set shared by the batch,
-    # which XLA reads as a masked local gather plus an all-reduce of the
-    # [K, D] rows, never a gather of the bank. tests/test_queue_sharding.py
-    # checks both compiled steps; tests/test_bank_sharding.py the draws.
-    if method.loss == 'insdis':
-      negatives = state_lib.sample_bank_noise(
-          state.bank, rng, batch=index.shape[0],
-          num_negatives=method.num_negatives,
-          num_examples=method.num_examples, mesh=mesh)     # [B, K, D]
-    else:
-      neg_idx = jax.random.randint(rng, (method.num_negatives,), 0,
-                                   method.num_examples)
-      negatives = state.bank[neg_idx]                      # [K, D]
-    # Bank rows are records of past features, not functions of the params.
-    negatives = jax.lax.stop_gradient(negatives)
-    positives = jax.lax.stop_gradient(state.bank[index])[:, None]
-
+  # 2. The online forward and the loss, differentiated.
   def objective(params):
-    z, features, batch_stats = _forward(
+    z, features, batch_stats = methods.base.forward(
         model, {'params': params, 'batch_stats': state.batch_stats},
-        query_views)
-    if method.name == 'in_batch':
-      loss, metrics = (loss_fn(z, labels) if method.use_labels
-                       else loss_fn(z))
-    elif method.name == 'moco':
-      if method.loss == 'cacr':
-        loss, metrics = loss_fn(z, key=key_z, queue=queue)
-      elif method.loss == 'jcl':
-        loss, metrics = loss_fn(z, key_z, queue=queue,
-                                lam=method.lam_at(state.step))
-      else:
-        loss, metrics = loss_fn(z, key_z, queue=queue)
-    else:  # memory_bank
-      if method.loss == 'insdis':
-        loss, metrics = loss_fn(z, positives, queue=negatives,
-                                num_data=method.num_examples)
-      else:
-        loss, metrics = loss_fn(z, queue=negatives)
-    return loss, (metrics, batch_stats, z, features)
+        prepared.views, embedding=method.embedding)
+    value, metrics = losses.apply(loss.name, prepared.inputs.replace(z=z),
+                                  **loss.kwargs, **scheduled)
+    return value, (metrics, batch_stats, z, features)
 
-  (loss, (metrics, batch_stats, z, features)), grads = jax.value_and_grad(
+  (value, (metrics, batch_stats, z, features)), grads = jax.value_and_grad(
       objective, has_aux=True)(state.params)
+  # 3. The optimiser.
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-
-  if state.queue is not None:
-    if method.loss == 'jcl':
-      # JCL enqueues the mean of the normalised keys, not re-normalised.
-      keys = losses.l2_normalize(key_z).mean(axis=1)
-    else:
-      keys = losses.l2_normalize(key_z[:, 0])
-    new['queue'], new['queue_ptr'] = state_lib.enqueue(
-        state.queue, state.queue_ptr, keys)
-  if method.name == 'memory_bank':
-    # One bank row per instance: the normalised mean of its views' features.
-    feats = losses.l2_normalize(losses.l2_normalize(z).mean(axis=1))
-    new['bank'] = state_lib.update_bank(state.bank, index, feats,
-                                        method.bank_momentum)
-  if method.lambda_ramp:
-    extra_metrics['lam'] = method.lam_at(state.step)
-  if method.probe_classes:
-    (new['probe_params'], new['probe_opt_state'],
-     probe_metrics) = online_probe_step(
-         state.probe_params, state.probe_opt_state, features[:, 0], labels,
-         method=method)
-    extra_metrics.update(probe_metrics)
-
-  metrics = dict(metrics, **extra_metrics, loss=loss,
+  new = dict(step=state.step + 1, params=optax.apply_updates(state.params,
+                                                             updates),
+             batch_stats=batch_stats, opt_state=opt_state,
+             # 4. The method's state after the step (enqueue, bank write).
+             method_state=method.update(prepared, z, batch))
+  metrics = dict(metrics, **prepared.metrics, **scheduled, loss=value,
                  grad_norm=optax.global_norm(grads))
+  if probe is not None:
+    new['probe_params'], new['probe_opt_state'], probe_metrics = (
+        online_probe_step(state.probe_params, state.probe_opt_state,
+                          features, batch['label'], probe=probe))
+    metrics.update(probe_metrics)
   metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
-  return state.replace(step=state.step + 1, params=params,
-                       batch_stats=batch_stats, opt_state=opt_state,
-                       **new), metrics
+  return state.replace(**new), metrics
 
 
-def create_step_fns(config, model, tx, mesh, method: Method, image_shape):
-  """Jitted (init_fn, step_fn, state_sharding) with explicit shardings.
+def create_model(config):
+  """The configured model, as the configured method wraps it (e.g. with a
+  predictor), so checkpoints restore into the same parameter tree."""
+  return methods.get(config.method).wrap_model(config,
+                                               models.create_model(config))
 
-  init_fn(rng) -> state; step_fn(state, batch, rng) -> (state, metrics), the
-  state donated. The batch is sharded along 'data'; the state is replicated
-  except the queue and bank (rows sharded along 'data').
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """Everything `build` makes: the jitted step and what it closes over.
+
+  `init_fn(rng) -> state`; `step_fn(state, batch, rng) -> (state, metrics)`,
+  the state donated; the batch is sharded along 'data', the state as
+  `shardings` says.
   """
+  model: Any
+  tx: optax.GradientTransformation
+  method: methods.base.Method
+  loss: Loss
+  probe: OnlineProbe | None
+  init_fn: Any
+  step_fn: Any
+  shardings: TrainState
+
+
+def build(config, mesh, *, total_steps: int, steps_per_epoch: int,
+          num_examples: int, image_shape, num_classes: int = 0) -> Setup:
+  """The model, optimizer, method, loss and jitted step of `config`.
+
+  The one place a run's pieces are made: the training job, eval_checkpoint,
+  the benchmarks and the tests all build through it.
+  """
+  ctx = methods.base.Context(
+      total_steps=total_steps, steps_per_epoch=steps_per_epoch,
+      num_examples=num_examples, num_devices=mesh.size,
+      num_epochs=float(config.num_epochs))
+  method = methods.get(config.method).from_config(config, ctx)
+  model = create_model(config)
+  tx = create_optimizer(config, total_steps)
+  loss = Loss.from_config(config, method, ctx)
+  probe = (OnlineProbe(num_classes, float(config.online.probe_learning_rate))
+           if config.online.linear_probe and num_classes > 1 else None)
   init = functools.partial(create_train_state, model=model, tx=tx,
-                           image_shape=image_shape, method=method,
-                           num_devices=mesh.size)
-  abstract = jax.eval_shape(init, jax.random.key(0))
-  shardings = state_shardings(abstract, mesh)
+                           image_shape=tuple(image_shape), method=method,
+                           probe=probe)
+  shardings = state_shardings(jax.eval_shape(init, jax.random.key(0)),
+                              method, mesh)
   replicated = NamedSharding(mesh, P())
   data = NamedSharding(mesh, P('data'))
-  init_fn = jax.jit(init, out_shardings=shardings)
-  loss_fn = functools.partial(losses.get_loss(config.loss),
-                              **_loss_kwargs(config))
   step_fn = jax.jit(
-      functools.partial(train_step, model=model, tx=tx, loss_fn=loss_fn,
-                        method=method, mesh=mesh),
+      functools.partial(train_step, model=model, tx=tx, method=method,
+                        loss=loss, probe=probe, mesh=mesh),
       in_shardings=(shardings, {'views': data, 'label': data, 'index': data},
                     replicated),
       out_shardings=(shardings, replicated), donate_argnums=(0,))
-  return init_fn, step_fn, shardings
-
-
-def _loss_kwargs(config) -> dict[str, Any]:
-  kwargs = dict(config.loss_kwargs)
-  if config.loss == 'jcl':
-    kwargs.pop('lam', None)   # Passed per step (the ramp), see Method.lam_at.
-  return kwargs
+  return Setup(model=model, tx=tx, method=method, loss=loss, probe=probe,
+               init_fn=jax.jit(init, out_shardings=shardings),
+               step_fn=step_fn, shardings=shardings)
 
 
 def _check_workdir(config, workdir: str) -> None:
@@ -515,6 +345,7 @@ def _flatten(d: dict, prefix: str = '') -> dict:
 
 def validate_config(config, num_devices: int | None = None) -> None:
   """Checks everything that can be checked before data or compilation."""
+  method = methods.get(config.method)   # First: it may register its loss.
   losses.get_loss(config.loss)
   v = config.augment.num_views
   augment.build_views(config.augment.preset, v, config.augment.overrides)
@@ -526,20 +357,13 @@ def validate_config(config, num_devices: int | None = None) -> None:
   if config.eval.batch_size % n:
     raise ValueError(f'config.eval.batch_size={config.eval.batch_size} is not '
                      f'divisible by the {n} devices; use a multiple of {n}.')
-  if config.method not in METHODS:
-    raise ValueError(f'unknown method {config.method!r} (config.method); '
-                     f'known: {", ".join(METHODS)}.')
-  if config.loss not in _METHOD_LOSSES[config.method]:
-    raise ValueError(
-        f'config.loss={config.loss!r} cannot be fed by '
-        f'config.method={config.method!r}; that method feeds: '
-        f'{", ".join(_METHOD_LOSSES[config.method])}.')
-  if config.use_labels and config.loss not in _SUPERVISED_LOSSES:
-    raise ValueError(f'config.use_labels=True but {config.loss!r} takes no '
-                     f'labels; supervised losses: '
-                     f'{", ".join(_SUPERVISED_LOSSES)}.')
-  if config.use_labels and config.method != 'in_batch':
-    raise ValueError('config.use_labels needs config.method="in_batch".')
+  method.validate(config, n)
+  for name, kind in dict(config.loss_schedules).items():
+    if name not in methods.base.loss_parameters(config.loss):
+      raise ValueError(f'config.loss_schedules.{name}: {config.loss!r} has no '
+                       f'keyword argument {name!r}.')
+    schedules.build(kind, 0., total_steps=1, steps_per_epoch=1, num_epochs=1,
+                    name=f'config.loss_schedules.{name}')
   ds = config.dataset
   if not isinstance(ds.validation_size, int) or ds.validation_size < 0:
     raise ValueError(f'config.dataset.validation_size={ds.validation_size!r} '
@@ -559,48 +383,6 @@ def validate_config(config, num_devices: int | None = None) -> None:
   if (ds.validation_size or ds.imbalance != 'none') and not ds.in_memory:
     raise ValueError('config.dataset.validation_size and .imbalance need '
                      'config.dataset.in_memory=True.')
-  if config.method == 'moco':
-    mc = config.moco
-    for name in ('query_views', 'key_views'):
-      views = tuple(mc[name])
-      if not views or any(not 0 <= i < v for i in views):
-        raise ValueError(f'config.moco.{name}={views} must be a non-empty '
-                         f'list of view ids in [0, {v}) '
-                         f'(config.augment.num_views={v}).')
-    q = mc.queue_size
-    if q < 0 or (q and q % b):
-      raise ValueError(
-          f'config.moco.queue_size={q} must be 0 (no queue) or a multiple of '
-          f'the global batch size {b} (MoCo writes whole batches into the '
-          'queue; a batch must never wrap around its end).')
-    if not 0. <= mc.momentum <= 1.:
-      raise ValueError(f'config.moco.momentum={mc.momentum} must be in [0, 1].')
-    state_lib.momentum_schedule(0, base=mc.momentum, total_steps=1,
-                                schedule=mc.momentum_schedule)
-    if config.loss == 'jcl' and not q and not config.loss_kwargs.get(
-        'in_batch_negatives', False):
-      raise ValueError('JCL needs negatives: set config.moco.queue_size > 0 '
-                       'or config.loss_kwargs.in_batch_negatives=True.')
-    if mc.lambda_ramp and config.loss != 'jcl':
-      raise ValueError('config.moco.lambda_ramp is JCL\'s lambda ramp; it '
-                       f'needs config.loss="jcl", not {config.loss!r}.')
-  if config.method == 'memory_bank':
-    mb = config.memory_bank
-    if mb.num_negatives < 1:
-      raise ValueError(f'config.memory_bank.num_negatives={mb.num_negatives} '
-                       'must be >= 1.')
-    if not 0. <= mb.momentum < 1.:
-      raise ValueError(f'config.memory_bank.momentum={mb.momentum} must be in '
-                       '[0, 1).')
-    if config.loss == 'insdis' and v != 1:
-      raise ValueError(f'InsDis uses one view per instance; set '
-                       f'config.augment.num_views=1 (got {v}).')
-    if config.loss == 'insdis' and mb.num_negatives % n:
-      raise ValueError(
-          f'config.memory_bank.num_negatives={mb.num_negatives} is not '
-          f'divisible by the {n} devices: each device draws the same share '
-          'of the InsDis noise rows from its own shard of the memory bank '
-          f'(state.sample_bank_noise); use a multiple of {n}.')
 
 
 def load_data(config):
@@ -670,23 +452,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                                   global_batch_size=config.batch_size,
                                   seed=config.seed, sharding=data_sharding)
   total_steps = max(1, int(config.num_epochs * batches.steps_per_epoch))
-  model = models.create_model(config)
-  tx = create_optimizer(config, total_steps)
+  setup = build(config, mesh, total_steps=total_steps,
+                steps_per_epoch=batches.steps_per_epoch,
+                num_examples=len(train_data),
+                image_shape=train_data.image_shape,
+                num_classes=train_data.num_classes)
   views_cfg = augment.build_views(config.augment.preset,
                                   config.augment.num_views,
                                   config.augment.overrides)
-  image_shape = tuple(train_data.image_shape)
-  method = Method.from_config(config, total_steps=total_steps,
-                              steps_per_epoch=batches.steps_per_epoch,
-                              num_examples=len(train_data),
-                              num_classes=train_data.num_classes)
 
   rng = jax.random.key(config.seed)
   init_rng, aug_rng, step_rng = jax.random.split(rng, 3)
-  init_fn, step_fn, _ = create_step_fns(config, model, tx, mesh, method,
-                                        image_shape)
-  feature_fn = evaluate.make_feature_fn(model, mesh)
-  state = init_fn(init_rng)
+  feature_fn = evaluate.make_feature_fn(setup.model, mesh)
+  state = setup.init_fn(init_rng)
 
   manager = checkpointing.create_manager(workdir)
   restored, restored_step = checkpointing.restore_latest(manager, state)
@@ -696,8 +474,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
   # Per-step randomness is fold_in(key, step), so a resumed run draws the same
   # views as an uninterrupted one.
+  # Views come as groups of equal size (one group unless multi-crop).
   augment_fn = jax.jit(
-      lambda step, images: augment.augment_batch(
+      lambda step, images: augment.augment_groups(
           jax.random.fold_in(aug_rng, step), images, views_cfg),
       in_shardings=(replicated, data_sharding), out_shardings=data_sharding)
 
@@ -712,7 +491,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     for step, batch in zip(range(start, total_steps),
                            batches.iterate(start, total_steps)):
       views = augment_fn(step, batch['image'])
-      state, metrics = step_fn(
+      state, metrics = setup.step_fn(
           state, {'views': views, 'label': batch['label'],
                   'index': batch['index']}, step_rng)
       done = step + 1
@@ -762,7 +541,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
   results = evaluate.evaluate_all(
       # The donated initial state is gone; init is deterministic, so redo it.
-      config, feature_fn, {'trained': state, 'random_init': init_fn(init_rng)},
+      config, feature_fn, {'trained': state, 'random_init': setup.init_fn(init_rng)},
       train_data, test_data, mesh)
   results.update(steps=total_steps, train_seconds=round(train_seconds, 1),
                  resumed_from_step=restored_step)

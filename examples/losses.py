@@ -75,17 +75,20 @@ def toy_views(noise, views=V, seed=1):
 
 
 def evaluate(name, z):
-  """Runs loss `name` on views z with inputs shaped for its signature."""
-  fn = losses.LOSSES[name]
-  q, k = z[:, :1], z[:, 1:2]
-  calls = {
-      'infonce': lambda: fn(q, k, queue=queue),
-      'insdis': lambda: fn(q, k, queue=queue, num_data=N),
-      'jcl': lambda: fn(q, z[:, 1:], queue=queue, lam=2.0),
-      'supcon': lambda: fn(z, jnp.asarray(labels)),
-      'tcl': lambda: fn(z, jnp.asarray(labels)),
-  }
-  return float(calls.get(name, lambda: fn(z))()[0])
+  """Runs loss `name` on views z, giving it the inputs its signature takes.
+
+  A loss that requires a key (MoCo-style) sees view 0 as the query and the
+  other views as keys; queues and labels go to the losses that take them.
+  """
+  accepted, required = losses.inputs_of(name)
+  keyed = 'key' in required
+  inputs = losses.LossInputs(
+      z=z[:, :1] if keyed else z, key=z[:, 1:] if keyed else None,
+      queue=queue if 'queue' in required or (keyed and 'queue' in accepted)
+      else None,
+      labels=jnp.asarray(labels) if 'labels' in accepted else None)
+  extra = {'num_data': N} if name == 'insdis' else {}
+  return float(losses.apply(name, inputs, **extra)[0])
 
 
 NOISES = (2.0, 1.0, 0.3)

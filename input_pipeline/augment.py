@@ -324,26 +324,44 @@ def augment_views(rng, images, views: Sequence[ViewConfig]
   return tuple(out)
 
 
-def augment_batch(rng, images, views: Sequence[ViewConfig]):
-  """Makes len(views) augmented views of every image, stacked.
+def augment_groups(rng, images, views: Sequence[ViewConfig]
+                   ) -> tuple[jax.Array, ...]:
+  """Makes len(views) augmented views of every image, stacked by size.
+
+  What the train step takes: one [B, V_g, h_g, w_g, C] array per run of
+  consecutive views that share a size, so a multi-crop recipe (2 global +
+  6 local crops) gives two groups and every other recipe one.
 
   Args:
     rng: PRNG key; fold in the step upstream so that a resumed run draws the
       same views.
     images: [B, H, W, C] uint8 or float in [0, 1].
-    views: one recipe per view; all must give the same output size.
+    views: one recipe per view.
 
   Returns:
-    [B, V, h, w, C] float32 in [0, 1]; (h, w) is the views' common size.
+    A tuple of [B, V_g, h_g, w_g, C] float32 arrays in [0, 1], whose V_g sum
+    to len(views), in view order.
+  """
+  out, groups = augment_views(rng, images, views), []
+  start = 0
+  for v in range(1, len(out) + 1):
+    if v == len(out) or out[v].shape != out[start].shape:
+      groups.append(jnp.stack(out[start:v], axis=1))
+      start = v
+  return tuple(groups)
+
+
+def augment_batch(rng, images, views: Sequence[ViewConfig]):
+  """`augment_groups`' single group [B, V, h, w, C] when all views share a size.
 
   Raises:
-    ValueError: the views differ in size (use `augment_views`).
+    ValueError: the views differ in size (use `augment_groups`).
   """
   sizes = {resolve_size(cfg.size, images.shape[1:3]) for cfg in views}
   if len(sizes) > 1:
     raise ValueError(f'views differ in size {sorted(sizes)}; they cannot be '
-                     'stacked. Use augment_views for multi-crop.')
-  return jnp.stack(augment_views(rng, images, views), axis=1)
+                     'stacked. Use augment_groups for multi-crop.')
+  return augment_groups(rng, images, views)[0]
 
 
 # The papers' recipes, each a list of per-view configs (two views unless a

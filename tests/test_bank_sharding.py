@@ -37,6 +37,7 @@ from benchmarks import queue_comm
 from contrastive_jax import losses
 from contrastive_jax import state as state_lib
 from contrastive_jax import train
+from contrastive_jax.methods import memory_bank
 from tiny_step import build_step
 from tiny_step import tiny_config
 
@@ -66,7 +67,7 @@ def _drawn_ids(sampler, bank, key):
 
 def test_sharded_sampler_reads_the_named_rows_locally():
   n_data, b, k = 4003, 16, 64                # 501 rows per shard, 5 padding.
-  rows = train.bank_rows(n_data, NDEV)
+  rows = memory_bank.bank_rows(n_data, NDEV)
   mesh = train.create_mesh()
   bank = _id_bank(rows, mesh)
   sampler = _sampler(mesh, batch=b, k=k, n_data=n_data)
@@ -109,7 +110,7 @@ def test_no_padding_row_is_drawn_and_every_shard_gives_k_over_n(n_data):
   # padding rows. 57: 8 rows per shard, the last shard holds ONE data row
   # (56) and 7 padding rows, so all its draws must be row 56.
   b, k, draws = 32, 64, 20
-  rows = train.bank_rows(n_data, NDEV)
+  rows = memory_bank.bank_rows(n_data, NDEV)
   per_shard = rows // NDEV
   mesh = train.create_mesh()
   bank = _id_bank(rows, mesh)
@@ -206,14 +207,14 @@ def test_insdis_step_loss_equals_the_loss_by_hand(monkeypatch):
       config, mesh, total_steps=10, num_examples=n_data,
       image_shape=(HW, HW, 1), steps_per_epoch=5)
   state = init_fn(jax.random.key(0))
-  bank0 = np.asarray(state.bank)             # Before the donating step.
+  bank0 = np.asarray(state.method_state.bank)   # Before the donating step.
   rows = bank0.shape[0]
-  assert rows == train.bank_rows(n_data, NDEV) == 208
+  assert rows == memory_bank.bank_rows(n_data, NDEV) == 208
   rng = np.random.default_rng(0)
   data = NamedSharding(mesh, P('data'))
   index = rng.permutation(n_data)[:B].astype(np.int32)
-  batch = {'views': jax.device_put(rng.random((B, 1, HW, HW, 1), np.float32),
-                                   data),
+  batch = {'views': (jax.device_put(
+      rng.random((B, 1, HW, HW, 1), np.float32), data),),
            'label': jax.device_put(np.zeros(B, np.int32), data),
            'index': jax.device_put(index, data)}
   base = jax.random.key(3)
@@ -283,12 +284,12 @@ def test_eight_devices_equal_one_device_fed_the_same_draws(monkeypatch):
     patch.setattr(state_lib, 'sample_bank_noise', _draws_of(NDEV))
     init, s1, m1, _ = test_train_step._run(config, mesh1)
   _, s8, m8, _ = test_train_step._run(config, mesh8)
-  assert s8.bank.sharding.spec == P('data', None)
+  assert s8.method_state.bank.sharding.spec == P('data', None)
   s1, s8 = jax.device_get(s1), jax.device_get(s8)
   moved = max(float(np.max(np.abs(a - b))) for a, b in zip(
       jax.tree.leaves(init.params), jax.tree.leaves(s1.params)))
   assert moved > 1e-3
-  assert not np.array_equal(init.bank, s1.bank)
+  assert not np.array_equal(init.method_state.bank, s1.method_state.bank)
   jax.tree.map(test_train_step._close, s1, s8)
   for a, b in zip(m1, m8):
     assert a.keys() == b.keys()

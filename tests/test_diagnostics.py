@@ -203,10 +203,3 @@ def test_semantic_sensitivity_matches_brute_force_with_second_encoder():
   got = float(diagnostics.semantic_sensitivity(
       f.astype(np.float32), labels, g.astype(np.float32)))
   assert got == pytest.approx(want, rel=1e-5)
-
-
-def test_new_diagnostics_are_registered():
-  assert diagnostics.DIAGNOSTICS['cacr_conditional_entropy'] is (
-      diagnostics.conditional_entropy)
-  assert diagnostics.DIAGNOSTICS['macl_semantic_sensitivity'] is (
-      diagnostics.semantic_sensitivity)

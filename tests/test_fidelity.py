@@ -15,33 +15,40 @@ from configs import insdis as insdis_config
 from configs import jcl as jcl_config
 from configs import test as test_config
 from contrastive_jax import losses
-from contrastive_jax import models
 from contrastive_jax import train
 
 B, HW, N_DATA, K = 8, 8, 40, 6
 
 
+def _build(config):
+  return train.build(config, train.create_mesh(jax.devices()[:1]),
+                     total_steps=10, steps_per_epoch=5, num_examples=N_DATA,
+                     image_shape=(HW, HW, 1))
+
+
 def test_jcl_without_lam_uses_the_loss_default():
   config = jcl_config.get_config()
   del config.loss_kwargs['lam']
-  method = train.Method.from_config(config, total_steps=10,
-                                    steps_per_epoch=5, num_examples=100)
-  assert method.lam == 4.0 == losses.default_kwarg('jcl', 'lam')
+  # configs/jcl.py ramps lambda per epoch up to its base value: at the end of
+  # the run (ceil(4 epochs) = 4 epochs of 5 steps) the base itself.
+  ramp = _build(config).loss.schedules['lam']
+  assert float(ramp(19)) == 4.0 == losses.default_kwarg('jcl', 'lam')
   # An explicit value still wins, including 0.
   config.loss_kwargs['lam'] = 0.
-  method = train.Method.from_config(config, total_steps=10,
-                                    steps_per_epoch=5, num_examples=100)
-  assert method.lam == 0.
+  assert float(_build(config).loss.schedules['lam'](19)) == 0.
+  # Unscheduled, the configured lambda is a fixed keyword of the loss.
+  config.loss_schedules = {}
+  loss = _build(config).loss
+  assert loss.schedules == {} and loss.kwargs['lam'] == 0.
 
 
 def test_non_jcl_losses_have_no_lambda():
-  config = test_config.get_config()
-  method = train.Method.from_config(config, total_steps=10,
-                                    steps_per_epoch=5, num_examples=100)
-  assert method.lam == 0.
+  loss = _build(test_config.get_config()).loss
+  assert loss.schedules == {} and 'lam' not in loss.kwargs
 
 
-def _insdis_setup():
+def _insdis_prepared():
+  """InsDis's inputs as its method prepares them for one step."""
   c = test_config.get_config()
   c.model.encoder_kwargs.widths = (4, 8)
   c.model.head_hidden_dim = 16
@@ -52,50 +59,27 @@ def _insdis_setup():
   c.augment.num_views = 1
   c.memory_bank.num_negatives = K
   c.online.linear_probe = False
-  model = models.create_model(c)
-  tx = train.create_optimizer(c, 10)
-  method = train.Method.from_config(c, total_steps=10, steps_per_epoch=5,
-                                    num_examples=N_DATA)
-  state = train.create_train_state(jax.random.key(0), model=model, tx=tx,
-                                   image_shape=(HW, HW, 1), method=method,
-                                   num_devices=1)
+  setup = _build(c)
+  state = setup.init_fn(jax.random.key(0))
   rng = np.random.default_rng(0)
-  batch = {'views': rng.random((B, 1, HW, HW, 1), np.float32),
+  batch = {'views': (rng.random((B, 1, HW, HW, 1), np.float32),),
            'label': np.zeros(B, np.int32),
            'index': rng.permutation(N_DATA)[:B].astype(np.int32)}
-  return c, model, tx, method, state, batch
+  prepared = jax.jit(functools.partial(setup.method.prepare, model=setup.model,
+                                       mesh=None))(state, batch,
+                                                   jax.random.key(1))
+  return c, np.asarray(state.method_state.bank), prepared
 
 
 def test_insdis_noise_is_drawn_per_instance():
-  config, model, tx, method, state, batch = _insdis_setup()
-  seen = {}
-
-  def spy(query, key, *, queue, num_data):
-    seen['shape'] = queue.shape
-    return losses.insdis(query, key, queue=queue, num_data=num_data,
-                         **config.loss_kwargs)
-
-  step = jax.jit(functools.partial(train.train_step, model=model, tx=tx,
-                                   loss_fn=spy, method=method))
-  new_state, metrics = step(state, batch, jax.random.key(1))
-  assert np.isfinite(float(metrics['loss']))
-  assert seen['shape'] == (B, K, config.model.head_out_dim)
+  config, _, prepared = _insdis_prepared()
+  assert prepared.inputs.queue.shape == (B, K, config.model.head_out_dim)
+  assert prepared.inputs.key.shape == (B, 1, config.model.head_out_dim)
 
 
 def test_insdis_per_instance_rows_are_bank_rows_and_differ():
-  config, model, tx, method, state, batch = _insdis_setup()
-  captured = []
-
-  def spy(query, key, *, queue, num_data):
-    jax.debug.callback(captured.append, queue)
-    return losses.insdis(query, key, queue=queue, num_data=num_data,
-                         **config.loss_kwargs)
-
-  step = jax.jit(functools.partial(train.train_step, model=model, tx=tx,
-                                   loss_fn=spy, method=method))
-  bank = np.asarray(state.bank)
-  step(state, batch, jax.random.key(1))
-  noise = np.asarray(captured[0])                     # [B, K, D]
+  _, bank, prepared = _insdis_prepared()
+  noise = np.asarray(prepared.inputs.queue)           # [B, K, D]
   # Every sampled row is a row of the bank (within the data's rows).
   dist = np.abs(noise[:, :, None, :] - bank[None, None, :N_DATA]).max(-1)
   assert np.all(dist.min(-1) == 0.)

@@ -1,7 +1,8 @@
 """Registry-wide tests: API contract and numerics for every buildable loss.
 
 CASES maps a case name to (registry name, builder). A builder maps
-(z, labels, queue, temperature) -> (args, kwargs) for the loss; z is
+(z, labels, queue, temperature) -> (LossInputs, hyperparameters), called
+through `losses.apply` (the one way every caller calls a loss); z is
 [N, V, D] with V = 3, labels [N] int, queue [Q, D] and temperature a traced
 float32 scalar (builders of losses without a temperature ignore it). A case
 runs when its registry name is in `losses.LOSSES`, so covering a new loss is
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 from contrastive_jax import losses
+from contrastive_jax import methods
 import numpy_reference as ref
 
 
@@ -24,25 +26,27 @@ def _tau(t):
   return {'temperature': t}
 
 
+In = losses.LossInputs   # pylint: disable=invalid-name
 CASES = {
-    'ntxent': ('ntxent', lambda z, y, q, t: ((z,), _tau(t))),
+    'ntxent': ('ntxent', lambda z, y, q, t: (In(z), _tau(t))),
     'infonce': ('infonce', lambda z, y, q, t: (
-        (z[:, :2], z[:, 1:]), {'queue': q, **_tau(t)})),
+        In(z[:, :2], key=z[:, 1:], queue=q), _tau(t))),
     'insdis': ('insdis', lambda z, y, q, t: (
-        (z[:, :1], z[:, 1:2]), {'queue': q, 'num_data': 10**6, **_tau(t)})),
+        In(z[:, :1], key=z[:, 1:2], queue=q),
+        {'num_data': 10**6, **_tau(t)})),
     'cmc': ('cmc', lambda z, y, q, t: (
-        (z,), {'graph': 'full', 'queue': q, **_tau(t)})),
-    'supcon': ('supcon', lambda z, y, q, t: ((z, y), _tau(t))),
+        In(z, queue=q), {'graph': 'full', **_tau(t)})),
+    'supcon': ('supcon', lambda z, y, q, t: (In(z, labels=y), _tau(t))),
     'supcon_in': ('supcon', lambda z, y, q, t: (
-        (z, y), {'variant': 'in', **_tau(t)})),
-    'tcl': ('tcl', lambda z, y, q, t: ((z, y), _tau(t))),
-    'align_uniform': ('align_uniform', lambda z, y, q, t: ((z,), {})),
+        In(z, labels=y), {'variant': 'in', **_tau(t)})),
+    'tcl': ('tcl', lambda z, y, q, t: (In(z, labels=y), _tau(t))),
+    'align_uniform': ('align_uniform', lambda z, y, q, t: (In(z), {})),
     'align_uniform_alpha1': ('align_uniform', lambda z, y, q, t: (
-        (z,), {'alpha': 1.})),
-    'hard_negative': ('hard_negative', lambda z, y, q, t: ((z,), _tau(t))),
-    'dcl': ('dcl', lambda z, y, q, t: ((z,), _tau(t))),
+        In(z), {'alpha': 1.})),
+    'hard_negative': ('hard_negative', lambda z, y, q, t: (In(z), _tau(t))),
+    'dcl': ('dcl', lambda z, y, q, t: (In(z), _tau(t))),
     'dcl_simclr': ('dcl', lambda z, y, q, t: (
-        (z,), {'layout': 'simclr', **_tau(t)})),
+        In(z), {'layout': 'simclr', **_tau(t)})),
 }
 # The losses owned by the instance/supervised/baseline modules.
 OWN = ('ntxent', 'infonce', 'insdis', 'cmc', 'supcon', 'tcl',
@@ -66,11 +70,10 @@ def _call(case, z, labels, queue, temperature):
   """Jit-compiled value and dL/dz of a case: (loss, metrics, grad)."""
   name, build = CASES[case]
   if case not in _COMPILED:
-    fn = losses.get_loss(name)
 
     def loss_of(z, labels, queue, temperature):
-      args, kwargs = build(z, labels, queue, temperature)
-      return fn(*args, **kwargs)
+      inputs, kwargs = build(z, labels, queue, temperature)
+      return losses.apply(name, inputs, **kwargs)
 
     _COMPILED[case] = ref.fast_jit(jax.value_and_grad(loss_of, has_aux=True))
   (loss, metrics), grad = _COMPILED[case](z, labels, queue,
@@ -86,11 +89,33 @@ def _random(seed=0, d=16):
 
 # -------------------------------------------------------------- registry ---
 
-def test_registry_holds_our_losses():
-  for name in OWN:
-    assert name in losses.LOSSES
-    assert losses.get_loss(name) is losses.LOSSES[name]
-    assert getattr(losses, name) is losses.LOSSES[name]
+def test_every_registered_loss_follows_the_convention():
+  """Inputs first, hyperparameters keyword-only with defaults (common.py),
+  so `losses.apply` can call any of them; a method's own losses
+  included. A loss with a positional or default-less
+  hyperparameter fails here."""
+  for method in methods.names():         # Their modules may register losses.
+    methods.get(method)
+  assert set(OWN) <= set(losses.LOSSES)
+  inputs = {'key', 'queue', 'labels'}
+  for name, fn in losses.LOSSES.items():
+    params = list(inspect.signature(fn).parameters.values())
+    assert params[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, name
+    for p in params[1:]:
+      if p.name in inputs:
+        continue
+      assert p.kind is inspect.Parameter.KEYWORD_ONLY, (name, p.name)
+      if p.name != 'num_data':   # InsDis's data size: the method supplies it.
+        assert p.default is not inspect.Parameter.empty, (name, p.name)
+    assert getattr(losses, name, fn) is fn   # No module shadows a loss.
+
+
+def test_apply_refuses_inputs_a_loss_does_not_take():
+  z = np.ones((4, 2, 8), np.float32)
+  with pytest.raises(ValueError, match='takes no labels'):
+    losses.apply('ntxent', losses.LossInputs(z, labels=np.zeros(4, np.int32)))
+  accepted, required = losses.inputs_of('infonce')
+  assert accepted == {'z', 'key', 'queue'} and required == {'z', 'key'}
 
 
 def test_every_owned_loss_has_a_case():

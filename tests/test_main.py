@@ -5,6 +5,7 @@ checkpointer has finished, and leave no half-written checkpoint behind.
 (Several processes: scripts/multiprocess_check.py, run by .ci/run.)
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -85,4 +86,6 @@ def test_sigterm_saves_the_step_reached_and_exits_143(folder, tmp_path):
       cwd=REPO, capture_output=True, text=True, timeout=600,
       env=dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8'))
   assert out.returncode == 0, out.stderr[-2000:]
-  assert f'Resumed from the checkpoint at step {saved}' in out.stderr
+  with open(tmp_path / 'results.json') as f:
+    results = json.load(f)
+  assert results['resumed_from_step'] == saved and results['steps'] == 8

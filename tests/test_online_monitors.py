@@ -9,7 +9,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from configs import test as test_config
-from contrastive_jax import models
 from contrastive_jax import train
 from numpy_reference import f32_rtol
 import synthetic_data
@@ -23,22 +22,18 @@ def _step_fns(probe: bool):
   config.batch_size = B
   config.online.linear_probe = probe
   mesh = train.create_mesh()
-  model = models.create_model(config)
-  tx = train.create_optimizer(config, 10)
-  method = train.Method.from_config(config, total_steps=10, steps_per_epoch=5,
-                                    num_examples=80, num_classes=CLASSES)
-  init_fn, step_fn, _ = train.create_step_fns(config, model, tx, mesh, method,
-                                              (HW, HW, 1))
-  return mesh, init_fn, step_fn
+  setup = train.build(config, mesh, total_steps=10, steps_per_epoch=5,
+                      num_examples=80, image_shape=(HW, HW, 1),
+                      num_classes=CLASSES)
+  return mesh, setup.init_fn, setup.step_fn
 
 
 def _batch(mesh, step):
   rng = np.random.default_rng(step)
-  host = {'views': rng.random((B, 2, HW, HW, 1), np.float32),
+  host = {'views': (rng.random((B, 2, HW, HW, 1), np.float32),),
           'label': rng.integers(0, CLASSES, B).astype(np.int32),
           'index': np.arange(B, dtype=np.int32)}
-  return {k: jax.device_put(v, NamedSharding(mesh, P('data')))
-          for k, v in host.items()}
+  return jax.device_put(host, NamedSharding(mesh, P('data')))
 
 
 def test_probe_trains_itself_and_leaves_the_encoder_untouched():

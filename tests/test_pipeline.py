@@ -250,7 +250,7 @@ def test_multicrop_views_and_stacking():
   want = [(3, 28, 28, 1)] * 2 + [(3, 12, 12, 1)] * 4   # 3/7 of 28 = 12.
   assert [s.shape for s in shapes] == want
   assert all(s.dtype == jnp.float32 for s in shapes)
-  with pytest.raises(ValueError, match='augment_views'):
+  with pytest.raises(ValueError, match='augment_groups'):
     augment.augment_batch(jax.random.key(0), images, views)
   assert augment.resolve_size(3 / 7, (224, 224)) == (96, 96)
   assert augment.resolve_size(16, (28, 28)) == (16, 16)

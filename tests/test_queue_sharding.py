@@ -1,6 +1,6 @@
 """The MoCo queue stays sharded by rows: never all-gathered, same numbers.
 
-(a) The real 8-device step (`train.create_step_fns`) of every loss fed by a
+(a) The real 8-device step (`train.build`) of every loss fed by a
     queue (InfoNCE / MoCo v2, CACR-MoCo, JCL) is compiled and its HLO is
     searched for collectives that carry the queue: an all-gather whose result
     is the whole [Q, D] queue, or any collective with a Q-long axis (e.g. the
@@ -29,7 +29,6 @@ from jax.sharding import PartitionSpec as P
 
 from benchmarks import queue_comm
 from contrastive_jax import losses
-from contrastive_jax import models
 from contrastive_jax import state as state_lib
 from contrastive_jax import train
 from tiny_step import build_step
@@ -78,7 +77,7 @@ def _step_hlo(config) -> str:
   init_fn, step_fn = _build(config, mesh)
   state = jax.eval_shape(init_fn, jax.random.key(0))
   v = config.augment.num_views
-  batch = {'views': jax.ShapeDtypeStruct((B, v, HW, HW, 1), jnp.float32),
+  batch = {'views': (jax.ShapeDtypeStruct((B, v, HW, HW, 1), jnp.float32),),
            'label': jax.ShapeDtypeStruct((B,), jnp.int32),
            'index': jax.ShapeDtypeStruct((B,), jnp.int32)}
   return step_fn.lower(state, batch, jax.random.key(1)).compile().as_text()
@@ -146,6 +145,7 @@ def test_memory_bank_step_does_not_gather_the_bank(loss):
   if loss == 'cmc':
     config.loss, config.loss_kwargs = 'cmc', {'temperature': 0.1}
     config.augment.num_views = 2
+    config.memory_bank.noise = 'shared'
     train.validate_config(config)
   assert _bank_traffic(_step_hlo(config)) == []
 
@@ -261,29 +261,25 @@ def test_step_without_a_mesh_equals_the_one_device_mesh_step():
   config = _config('infonce')
   config.moco.shuffle_bn = False          # Shuffle-BN needs a mesh.
   mesh1 = train.create_mesh(jax.devices()[:1])
-  model = models.create_model(config)
-  tx = train.create_optimizer(config, TOTAL)
-  method = train.Method.from_config(config, total_steps=TOTAL,
-                                    steps_per_epoch=2, num_examples=N_DATA)
-  init_fn, step_fn, _ = train.create_step_fns(config, model, tx, mesh1, method,
-                                              (HW, HW, 1))
+  setup = train.build(config, mesh1, total_steps=TOTAL, steps_per_epoch=2,
+                      num_examples=N_DATA, image_shape=(HW, HW, 1))
   plain = jax.jit(functools.partial(
-      train.train_step, model=model, tx=tx, method=method, mesh=None,
-      loss_fn=functools.partial(losses.get_loss(config.loss),
-                                **train._loss_kwargs(config))))
+      train.train_step, model=setup.model, tx=setup.tx, method=setup.method,
+      loss=setup.loss, probe=setup.probe, mesh=None))
   rng = np.random.default_rng(0)
-  batch = {'views': rng.random((B, 2, HW, HW, 1), np.float32),
+  batch = {'views': (rng.random((B, 2, HW, HW, 1), np.float32),),
            'label': np.zeros(B, np.int32),
            'index': np.arange(B, dtype=np.int32)}
   s_plain = jax.device_get(train.create_train_state(
-      jax.random.key(0), model=model, tx=tx, image_shape=(HW, HW, 1),
-      method=method, num_devices=1))
-  s_mesh = init_fn(jax.random.key(0))
+      jax.random.key(0), model=setup.model, tx=setup.tx,
+      image_shape=(HW, HW, 1), method=setup.method, probe=setup.probe))
+  s_mesh = setup.init_fn(jax.random.key(0))
   for step in range(2):
     s_plain, m_plain = plain(s_plain, batch, jax.random.key(3))
-    s_mesh, m_mesh = step_fn(s_mesh, batch, jax.random.key(3))
+    s_mesh, m_mesh = setup.step_fn(s_mesh, batch, jax.random.key(3))
   s_plain, s_mesh = jax.device_get(s_plain), jax.device_get(s_mesh)
-  assert int(s_plain.queue_ptr) == int(s_mesh.queue_ptr) == 2 * B
+  assert int(s_plain.method_state.queue_ptr) == int(
+      s_mesh.method_state.queue_ptr) == 2 * B
   # Not bitwise: the two are compiled separately (in/out shardings and
   # donation change XLA's fusions, hence the order of float32 reductions in
   # BN statistics and gradient sums), so test_train_step's bound for

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from contrastive_jax import schedules
 from contrastive_jax import state as state_lib
 from numpy_reference import f32_rtol
 
@@ -52,8 +53,8 @@ def test_ema_update_passes_no_gradient_to_the_online_params():
 
 
 def test_momentum_schedules():
-  f = lambda s, sched: float(state_lib.momentum_schedule(
-      s, base=0.99, total_steps=100, schedule=sched))
+  f = lambda s, kind: float(schedules.build(
+      kind, 0.99, total_steps=100, steps_per_epoch=10, num_epochs=10)(s))
   # float32 cos, products and 1 - x at magnitude 1: f32_rtol() (the old
   # fixed 1e-7 was under 1 ulp of 1.0, 1.2e-7). Schedules that differ at all
   # differ by >= 1e-3 here.
@@ -64,8 +65,18 @@ def test_momentum_schedules():
   assert f(50, 'cosine') == pytest.approx(0.995, abs=tol)
   assert f(25, 'cosine') == pytest.approx(
       1 - 0.01 * (math.cos(math.pi / 4) + 1) / 2, abs=tol)
-  with pytest.raises(ValueError, match='unknown momentum schedule'):
-    state_lib.momentum_schedule(0, base=0.9, total_steps=1, schedule='linear')
+  with pytest.raises(ValueError, match="unknown schedule 'linear'"):
+    schedules.build('linear', 0.9, total_steps=1, steps_per_epoch=1,
+                    num_epochs=1)
+
+
+def test_epoch_ramp():
+  # JCL: value * (epoch + 1) / ceil(num_epochs), capped at value; 2.5 epochs
+  # of 4 steps count as 3, so lambda reaches 6 in the third epoch.
+  ramp = schedules.build('epoch_ramp', 6., total_steps=10, steps_per_epoch=4,
+                         num_epochs=2.5)
+  got = [float(ramp(jnp.int32(s))) for s in range(12)]
+  np.testing.assert_allclose(got, [2.] * 4 + [4.] * 4 + [6.] * 4, rtol=1e-7)
 
 
 def test_queue_wraps_like_a_numpy_ring_buffer():

@@ -53,7 +53,8 @@ def _config(kind):
     c.augment.num_views = 3
     c.moco.momentum, c.moco.momentum_schedule = 0.9, 'cosine'
     c.moco.key_views, c.moco.queue_size = (1, 2), 2 * B
-    c.moco.lambda_ramp = True
+    c.moco.enqueue_keys = 'mean'
+    c.loss_schedules = {'lam': 'epoch_ramp'}
   else:
     raise ValueError(kind)
   train.validate_config(c)
@@ -68,11 +69,10 @@ def _build(config, mesh):
 def _batch(config, mesh, step):
   rng = np.random.default_rng(step)
   v = config.augment.num_views
-  host = {'views': rng.random((B, v, HW, HW, 1), np.float32),
+  host = {'views': (rng.random((B, v, HW, HW, 1), np.float32),),
           'label': rng.integers(0, 4, B).astype(np.int32),
           'index': rng.permutation(N_DATA)[:B].astype(np.int32)}
-  return {k: jax.device_put(x, NamedSharding(mesh, P('data')))
-          for k, x in host.items()}
+  return jax.device_put(host, NamedSharding(mesh, P('data')))
 
 
 def _run(config, mesh, steps=2):
@@ -108,12 +108,13 @@ def test_one_device_and_eight_devices_agree(kind):
   assert mesh1.size == 1 and mesh8.size == 8
   init, s1, m1, _ = _run(config, mesh1)
   _, s8, m8, _ = _run(config, mesh8)
-  if s8.queue is not None:
-    assert s8.queue.sharding.spec == P('data', None)
-    assert int(s1.queue_ptr) == int(s8.queue_ptr) == 2 * B % \
-        config.moco.queue_size
-  if s8.bank is not None:
-    assert s8.bank.sharding.spec == P('data', None)
+  q8, q1 = (getattr(s.method_state, 'queue', None) for s in (s8, s1))
+  if q8 is not None:
+    assert q8.sharding.spec == P('data', None)
+    assert int(s1.method_state.queue_ptr) == int(
+        s8.method_state.queue_ptr) == 2 * B % config.moco.queue_size
+  if getattr(s8.method_state, 'bank', None) is not None:
+    assert s8.method_state.bank.sharding.spec == P('data', None)
   s1, s8 = jax.device_get(s1), jax.device_get(s8)
   # The step did something (lr is 0 on the first, warmup, step only).
   moved = max(float(np.max(np.abs(a - b))) for a, b in zip(
@@ -146,7 +147,8 @@ def test_ema_in_the_step(momentum):
   # momentum 1: the key encoder never moves from its init (a copy of the
   # online init); momentum 0: it is the online encoder the step started from.
   want = init.params if momentum == 1. else before.params
-  jax.tree.map(np.testing.assert_array_equal, after.key_params, want)
+  jax.tree.map(np.testing.assert_array_equal, after.method_state.key_params,
+               want)
 
 
 def test_queue_receives_the_normalised_keys_at_the_pointer():
@@ -158,20 +160,21 @@ def test_queue_receives_the_normalised_keys_at_the_pointer():
   model, init_fn, step_fn = _build(config, mesh)
   rng = jax.random.key(3)
   state = init_fn(jax.random.key(0))
-  queue0 = np.asarray(state.queue)
+  queue0 = np.asarray(state.method_state.queue)
   state, _ = step_fn(state, _batch(config, mesh, 0), rng)
   s1 = jax.device_get(state)
   batch = _batch(config, mesh, 1)
   state, _ = step_fn(state, batch, rng)
-  out, _ = model.apply({'params': s1.params, 'batch_stats': s1.key_batch_stats},
-                       np.asarray(batch['views'])[:, 1], train=True,
+  out, _ = model.apply({'params': s1.params,
+                        'batch_stats': s1.method_state.key_batch_stats},
+                       np.asarray(batch['views'][0])[:, 1], train=True,
                        mutable=['batch_stats'])
   k = np.asarray(out['projection'], np.float64)
   k /= np.linalg.norm(k, axis=1, keepdims=True)
-  queue = np.asarray(state.queue)
+  queue = np.asarray(state.method_state.queue)
   np.testing.assert_allclose(queue[B:2 * B], k, rtol=1e-4, atol=1e-5)
   np.testing.assert_array_equal(queue[2 * B:], queue0[2 * B:])  # Untouched.
-  assert int(state.queue_ptr) == 2 * B
+  assert int(state.method_state.queue_ptr) == 2 * B
 
 
 def test_memory_bank_rows_of_the_batch_are_updated():
@@ -183,17 +186,18 @@ def test_memory_bank_rows_of_the_batch_are_updated():
   batch = _batch(config, mesh, 0)
   state, _ = step_fn(state, batch, jax.random.key(3))
   out, _ = model.apply({'params': s0.params, 'batch_stats': s0.batch_stats},
-                       np.asarray(batch['views'])[:, 0], train=True,
+                       np.asarray(batch['views'][0])[:, 0], train=True,
                        mutable=['batch_stats'])
   f = np.asarray(out['projection'], np.float64)
   f /= np.linalg.norm(f, axis=1, keepdims=True)
   idx = np.asarray(batch['index'])
-  want = 0.5 * s0.bank[idx] + 0.5 * f
+  bank0 = s0.method_state.bank
+  want = 0.5 * bank0[idx] + 0.5 * f
   want /= np.linalg.norm(want, axis=1, keepdims=True)
-  bank = np.asarray(state.bank)
+  bank = np.asarray(state.method_state.bank)
   np.testing.assert_allclose(bank[idx], want, rtol=1e-4, atol=1e-5)
   rest = np.setdiff1d(np.arange(bank.shape[0]), idx)
-  np.testing.assert_array_equal(bank[rest], s0.bank[rest])
+  np.testing.assert_array_equal(bank[rest], bank0[rest])
 
 
 def test_shuffle_bn():
@@ -230,9 +234,10 @@ def test_no_recompilation_between_steps():
 def test_lambda_ramp_per_epoch():
   config = _config('jcl')
   config.num_epochs = 4.
-  method = train.Method.from_config(config, total_steps=8, steps_per_epoch=2,
-                                    num_examples=N_DATA)
-  got = [float(method.lam_at(jnp.int32(s))) for s in range(8)]
+  ramp = train.build(config, train.create_mesh(jax.devices()[:1]),
+                     total_steps=8, steps_per_epoch=2, num_examples=N_DATA,
+                     image_shape=(HW, HW, 1)).loss.schedules['lam']
+  got = [float(ramp(jnp.int32(s))) for s in range(8)]
   np.testing.assert_allclose(got, [1., 1., 2., 2., 3., 3., 4., 4.])
 
 

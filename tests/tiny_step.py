@@ -6,7 +6,6 @@ every step-level test exercises the real `create_step_fns`.
 """
 
 from configs import test as test_config
-from contrastive_jax import models
 from contrastive_jax import train
 
 
@@ -22,13 +21,10 @@ def tiny_config(*, batch: int, out_dim: int):
 
 
 def build_step(config, mesh, *, total_steps: int, num_examples: int,
-               image_shape, steps_per_epoch: int = 2):
+               image_shape, steps_per_epoch: int = 2, num_classes: int = 0):
   """(model, init_fn, step_fn) exactly as the training job builds them."""
-  model = models.create_model(config)
-  tx = train.create_optimizer(config, total_steps)
-  method = train.Method.from_config(config, total_steps=total_steps,
-                                    steps_per_epoch=steps_per_epoch,
-                                    num_examples=num_examples)
-  init_fn, step_fn, _ = train.create_step_fns(config, model, tx, mesh, method,
-                                              tuple(image_shape))
-  return model, init_fn, step_fn
+  setup = train.build(config, mesh, total_steps=total_steps,
+                      steps_per_epoch=steps_per_epoch,
+                      num_examples=num_examples, image_shape=image_shape,
+                      num_classes=num_classes)
+  return setup.model, setup.init_fn, setup.step_fn

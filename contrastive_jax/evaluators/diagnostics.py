@@ -20,7 +20,6 @@ and MACL's semantic sensitivity (eq. 7) are below; see
 
 from __future__ import annotations
 
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -293,12 +292,3 @@ def _new_figure():
 def _save(fig, path: str) -> None:
   fig.tight_layout()
   fig.savefig(path, format='png')
-
-
-# name -> fn(embeddings...) -> scalar.
-DIAGNOSTICS: dict[str, Callable] = {
-    'alignment': alignment,
-    'uniformity': uniformity,
-    'cacr_conditional_entropy': conditional_entropy,
-    'macl_semantic_sensitivity': semantic_sensitivity,
-}

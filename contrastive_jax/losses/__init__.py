@@ -5,12 +5,22 @@ Every loss has the signature ``loss_fn(inputs..., *, hyperparameters) ->
 loss by name through `LOSSES` (or `get_loss`, which raises a clear error for an
 unknown name).
 
+One way to call any loss by name: put what you have in a `LossInputs` and
+`apply` passes each loss the inputs its signature names (the train step, the
+examples, the benchmarks and the tests all call losses this way):
+
     >>> from contrastive_jax import losses
     >>> loss, metrics = losses.ntxent(z, temperature=0.1)   # z: [N, V, D]
+    >>> loss, metrics = losses.apply(
+    ...     'infonce', losses.LossInputs(z=q, key=k, queue=queue),
+    ...     temperature=0.2)
 """
 
 import inspect
 from collections.abc import Callable
+
+import flax
+import jax
 
 # Modules are named by idea, not by method, so that the method names below
 # (`losses.cacr`, ...) are the functions and never shadow a module.
@@ -35,8 +45,90 @@ LOSSES: dict[str, Callable] = {
 globals().update(LOSSES)
 
 
+def register(name: str) -> Callable[[Callable], Callable]:
+  """Decorator: adds a loss to `LOSSES` under `name` (a method module's own).
+
+  The loss follows the package's convention (`common.py`). Registering a
+  name twice is an error, so a method cannot silently replace a loss.
+  """
+  def add(fn: Callable) -> Callable:
+    if name in LOSSES:
+      raise ValueError(f'a loss named {name!r} is already registered.')
+    LOSSES[name] = fn
+    return fn
+  return add
+
+
+@flax.struct.dataclass
+class LossInputs:
+  """Everything a loss can take besides its hyperparameters.
+
+  Attributes:
+    z: [N, V, D] online embeddings (the queries); gradients flow here. Every
+      loss's first argument.
+    key: [N, Vk, D] targets of the same instances: key-encoder embeddings
+      (MoCo, JCL, CACR-MoCo) or their memory-bank rows (InsDis).
+    queue: negatives, [Q, D] (a MoCo queue, CMC's bank sample) or [N, K, D]
+      (InsDis's per-instance noise rows).
+    labels: [N] int class ids (supervised losses).
+  """
+  z: jax.Array
+  key: jax.Array | None = None
+  queue: jax.Array | None = None
+  labels: jax.Array | None = None
+
+
+_OPTIONAL_INPUTS = ('key', 'queue', 'labels')
+
+
+def inputs_of(name: str) -> tuple[frozenset[str], frozenset[str]]:
+  """(accepted, required) `LossInputs` fields of loss `name`, from its signature.
+
+  The first parameter always takes `z`; `key`, `queue` and `labels` are
+  inputs when the signature names them, required when it gives no default.
+  """
+  params = inspect.signature(get_loss(name)).parameters
+  accepted, required = {'z'}, {'z'}
+  for field in _OPTIONAL_INPUTS:
+    if field in params:
+      accepted.add(field)
+      if params[field].default is inspect.Parameter.empty:
+        required.add(field)
+  return frozenset(accepted), frozenset(required)
+
+
+def apply(name: str, inputs: LossInputs, **hyperparameters):
+  """Calls loss `name` with the inputs it takes: (loss, metrics).
+
+  An input the signature requires (no default) is passed even when None,
+  so the loss's own check explains what is missing.
+
+  Raises:
+    ValueError: `inputs` holds an input the loss does not take (e.g. labels
+      for an unsupervised loss), which would otherwise be silently dropped.
+  """
+  fn = get_loss(name)
+  accepted, required = inputs_of(name)
+  first = next(iter(inspect.signature(fn).parameters))
+  kwargs = {first: inputs.z}
+  for field in _OPTIONAL_INPUTS:
+    value = getattr(inputs, field)
+    if value is not None and field not in accepted:
+      raise ValueError(f'loss {name!r} takes no {field}; leave '
+                       f'LossInputs.{field} as None.')
+    if value is not None or field in required:
+      kwargs[field] = value
+  return fn(**kwargs, **hyperparameters)
+
+
 def get_loss(name: str) -> Callable:
   """Returns the loss registered as `name`; ValueError listing the known ones."""
+  if name not in LOSSES:
+    # A method module may register its own loss (methods/byol.py); load them
+    # all once, lazily (they import this package, so not at import time).
+    from contrastive_jax import methods  # pylint: disable=g-import-not-at-top
+    for method in methods.names():
+      methods.get(method)
   try:
     return LOSSES[name]
   except KeyError:

@@ -1,0 +1,33 @@
+"""In-batch contrast: every view through the online encoder (SimCLR-style).
+
+The negatives of an instance are the other instances of the same global batch
+(under jit the batch spans every device, so no gather is written out). Feeds
+SimCLR's NT-Xent, SupCon/TCL (`config.use_labels`), in-batch CACR, MACL, DCL,
+AU-CL, HN-CL and CMC without a bank: the loss gets z [B, V, D] and, with
+`config.use_labels`, the batch's labels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from contrastive_jax import losses
+from contrastive_jax.methods import base
+
+
+@dataclasses.dataclass(frozen=True)
+class Method(base.Method):
+  use_labels: bool = False
+  losses = ('ntxent', 'supcon', 'tcl', 'cacr', 'macl', 'dcl', 'align_uniform',
+            'hard_negative', 'cmc')
+
+  @classmethod
+  def from_config(cls, config, ctx: base.Context) -> 'Method':
+    return cls(loss=config.loss, ctx=ctx, use_labels=bool(config.use_labels))
+
+  def prepare(self, state, batch, rng, *, model, mesh) -> base.Prepared:
+    del rng, model, mesh
+    labels = batch['label'] if self.use_labels else None
+    return base.Prepared(views=batch['views'],
+                         inputs=losses.LossInputs(z=None, labels=labels),
+                         method_state=state.method_state)

@@ -1,0 +1,187 @@
+"""A key encoder (EMA of the online one) and an optional queue of past keys.
+
+MoCo v1/v2 (He et al. 2020; Chen et al. 2020), MoCo v3-style symmetric
+InfoNCE without a queue (Chen et al. 2021), CACR's MoCo regime and JCL. The
+online encoder embeds the `query_views`; the key encoder, updated first as
+an EMA of the online weights, embeds the `key_views` under stop_gradient; the
+loss gets query z [B, Vq, D], key [B, Vk, D] and the queue [Q, D] (None when
+`queue_size` is 0). After the step the batch's keys enter the queue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from contrastive_jax import losses
+from contrastive_jax import state as state_lib
+from contrastive_jax.methods import base
+
+
+@flax.struct.dataclass
+class State:
+  key_params: Any                 # The EMA key encoder.
+  key_batch_stats: Any            # Its own BatchNorm statistics.
+  queue: jax.Array | None = None  # [Q, D] past keys; row r written at step
+  queue_ptr: jax.Array | None = None  # ... r // B (mod Q / B); int32 scalar.
+
+
+@dataclasses.dataclass(frozen=True)
+class Method(base.Method):
+  """Static settings (config.moco); see the module docstring."""
+  query_views: tuple[int, ...] = (0,)
+  key_views: tuple[int, ...] = (1,)
+  queue_size: int = 0
+  shuffle_bn: bool = False
+  enqueue_keys: str = 'first'
+  momentum: Any = None            # Schedule step -> m (schedules.build).
+  losses = ('infonce', 'jcl', 'cacr')
+
+  @classmethod
+  def validate(cls, config, num_devices: int) -> None:
+    super().validate(config, num_devices)
+    mc, v, b = config.moco, config.augment.num_views, config.batch_size
+    for name in ('query_views', 'key_views'):
+      views = tuple(mc[name])
+      if not views or any(not 0 <= i < v for i in views):
+        raise ValueError(f'config.moco.{name}={views} must be a non-empty '
+                         f'list of view ids in [0, {v}) '
+                         f'(config.augment.num_views={v}).')
+    q = mc.queue_size
+    if q < 0 or (q and q % b):
+      raise ValueError(
+          f'config.moco.queue_size={q} must be 0 (no queue) or a multiple of '
+          f'the global batch size {b} (MoCo writes whole batches into the '
+          'queue; a batch must never wrap around its end).')
+    if not 0. <= mc.momentum <= 1.:
+      raise ValueError(f'config.moco.momentum={mc.momentum} must be in [0, 1].')
+    base.momentum(config, base.Context(1, 1, 1, 1, 1.))   # Known kind?
+    if mc.enqueue_keys not in ('first', 'mean'):
+      raise ValueError(f'config.moco.enqueue_keys={mc.enqueue_keys!r}; known: '
+                       'first (MoCo), mean (JCL\'s key means).')
+    if config.loss == 'jcl' and not q and not config.loss_kwargs.get(
+        'in_batch_negatives', False):
+      raise ValueError('JCL needs negatives: set config.moco.queue_size > 0 '
+                       'or config.loss_kwargs.in_batch_negatives=True.')
+
+  @classmethod
+  def from_config(cls, config, ctx: base.Context) -> 'Method':
+    mc = config.moco
+    return cls(loss=config.loss, ctx=ctx,
+               query_views=tuple(mc.query_views),
+               key_views=tuple(mc.key_views), queue_size=int(mc.queue_size),
+               shuffle_bn=bool(mc.shuffle_bn), enqueue_keys=mc.enqueue_keys,
+               momentum=base.momentum(config, ctx))
+
+  def init(self, rngs, variables, *, out_dim: int) -> State:
+    # The key encoder starts as a copy of the online one (MoCo, BYOL).
+    copy = lambda tree: jax.tree.map(jnp.copy, tree)
+    state = State(key_params=copy(variables['params']),
+                  key_batch_stats=copy(variables.get('batch_stats', {})))
+    if self.queue_size:
+      state = state.replace(
+          queue=state_lib.init_queue(rngs['queue'], self.queue_size, out_dim),
+          queue_ptr=jnp.zeros((), jnp.int32))
+    return state
+
+  def shardings(self, abstract_state: State, mesh) -> State:
+    """Replicated, but the queue is sharded by rows and stays so.
+
+    Its logits are computed where its rows live and its write is a
+    per-device scatter (`prepare`, `state.enqueue`), so no device ever holds
+    the whole [Q, D] queue.
+    """
+    out = super().shardings(abstract_state, mesh)
+    if abstract_state.queue is None:
+      return out
+    return out.replace(queue=NamedSharding(mesh, P('data', None)))
+
+  def prepare(self, state, batch, rng, *, model, mesh) -> base.Prepared:
+    ms = state.method_state
+    m = self.momentum(state.step)
+    # MoCo's order: update the key encoder from the current online weights,
+    # then compute the keys with it.
+    key_params = state_lib.ema_update(ms.key_params, state.params, m)
+    key_z, key_bs = key_forward(
+        model, {'params': key_params, 'batch_stats': ms.key_batch_stats},
+        base.select_views(batch['views'], self.key_views), rng,
+        shuffle_bn=self.shuffle_bn, mesh=mesh)
+    # Keys are targets: the key encoder is an EMA, never trained, and the loss
+    # must not push gradients into it (MoCo computes k under no_grad).
+    key_z = jax.lax.stop_gradient(key_z)
+    queue = ms.queue
+    if queue is not None and mesh is not None:
+      # The queue's rows stay on their devices: the loss's [B, Q] queue
+      # logits are formed per device as [B, Q / devices] from the
+      # all-gathered [B, D] queries, and the log-sum-exp over Q is combined
+      # with [B]-sized all-reduces (max, sum), as is the gradient to the
+      # queries. XLA's partitioner does this itself once the queue's row
+      # sharding is fixed here, so the losses stay mesh-agnostic and the
+      # 1-device path (mesh of 1, or no mesh in a notebook) is the same code.
+      # (The enqueue in `update` is a scatter for the same reason: see
+      # `state.enqueue`.) tests/test_queue_sharding.py checks that the
+      # compiled step never all-gathers the [Q, D] queue.
+      queue = jax.lax.with_sharding_constraint(
+          queue, NamedSharding(mesh, P('data', None)))
+    return base.Prepared(
+        views=base.select_views(batch['views'], self.query_views),
+        inputs=losses.LossInputs(z=None, key=key_z, queue=queue),
+        method_state=ms.replace(key_params=key_params,
+                                key_batch_stats=key_bs),
+        metrics={'momentum': m}, aux=key_z)
+
+  def update(self, prepared, z, batch) -> State:
+    del z, batch
+    ms = prepared.method_state
+    if ms.queue is None:
+      return ms
+    key_z = prepared.aux
+    if self.enqueue_keys == 'mean':
+      # JCL enqueues the mean of the normalised keys, not re-normalised.
+      keys = losses.l2_normalize(key_z).mean(axis=1)
+    else:
+      keys = losses.l2_normalize(key_z[:, 0])
+    queue, ptr = state_lib.enqueue(ms.queue, ms.queue_ptr, keys)
+    return ms.replace(queue=queue, queue_ptr=ptr)
+
+
+def key_forward(model, variables, views: base.Views, rng, *,
+                shuffle_bn: bool, mesh) -> tuple[jax.Array, Any]:
+  """The key encoder's embeddings [B, Vk, D] and its new BN statistics.
+
+  Global BN (default): one forward under jit, statistics over the whole key
+  batch. Shuffle-BN (MoCo): the B * Vk key images are permuted across the
+  global batch, each device normalises its own shard with per-device BN
+  (`jax.shard_map`), and the inverse permutation restores the order; the
+  running statistics are averaged over devices. Per-device BN on a shuffled
+  batch keeps a query and its key from sharing BN statistics, which MoCo found
+  otherwise leaks the positive. Multi-crop key views (groups of different
+  sizes) are shuffled group by group.
+  """
+  if not shuffle_bn:
+    z, _, bs = base.forward(model, variables, views)
+    return z, bs
+  batch_stats, zs = variables.get('batch_stats', {}), []
+  for group in views:
+    b, v = group.shape[:2]
+    flat = group.reshape((b * v,) + group.shape[2:])
+    perm = jax.random.permutation(rng, b * v)
+
+    def per_device(variables, x):
+      out, new_vars = model.apply(variables, x, train=True,
+                                  mutable=['batch_stats'])
+      return out['projection'], jax.lax.pmean(new_vars['batch_stats'], 'data')
+
+    z, batch_stats = jax.shard_map(
+        per_device, mesh=mesh, in_specs=(P(), P('data')),
+        out_specs=(P('data'), P()))(
+            {'params': variables['params'], 'batch_stats': batch_stats},
+            flat[perm])
+    zs.append(z[jnp.argsort(perm)].reshape(b, v, -1))
+  return (zs[0] if len(zs) == 1 else jnp.concatenate(zs, axis=1)), batch_stats
