@@ -37,6 +37,8 @@ def main(argv):
   # Several hosts: JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID
   # (see contrastive_jax/runtime.py); a no-op for a single process.
   runtime.initialize_distributed()
+  if FLAGS.verbosity < 1:
+    runtime.quiet_library_logs()
   logging.info('JAX process %d/%d, %d local / %d global devices (%s).',
                jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count(),

@@ -444,6 +444,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   validate_config(config)
   _check_workdir(config, workdir)
   train_data, test_data = data if data is not None else load_data(config)
+  logging.info('Data: %d training and %d evaluation examples of shape %s; '
+               'compiling the step.', len(train_data), len(test_data),
+               tuple(train_data.image_shape))
 
   mesh = create_mesh()
   data_sharding = NamedSharding(mesh, P('data'))
@@ -480,13 +483,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
           jax.random.fold_in(aug_rng, step), images, views_cfg),
       in_shardings=(replicated, data_sharding), out_shardings=data_sharding)
 
-  writer = metric_writers.create_default_writer(
-      workdir, just_logging=jax.process_index() > 0)
+  # TensorBoard events from process 0 only. No clu LoggingWriter: the loop
+  # logs one line per interval itself, which would otherwise appear twice.
+  writer = (metric_writers.AsyncMultiWriter(
+      [metric_writers.SummaryWriter(workdir)]) if jax.process_index() == 0
+            else metric_writers.MultiWriter([]))
   start = int(state.step)
   # Entries past the restored step belong to steps that will be redone.
   history = [h for h in _load_history(workdir) if h['step'] <= start]
   preempted = _preemption_check()
-  t0, last_logged, last_time = time.time(), start, time.time()
+  t0, last_logged, last_time, timed_from = time.time(), start, time.time(), start
   try:
     for step, batch in zip(range(start, total_steps),
                            batches.iterate(start, total_steps)):
@@ -495,6 +501,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
           state, {'views': views, 'label': batch['label'],
                   'index': batch['index']}, step_rng)
       done = step + 1
+      if step == start:
+        # The first step compiles: time from its end, so images/s and the
+        # ETA are the steady state's, not diluted by compilation.
+        jax.block_until_ready(metrics)
+        t0 = last_time = time.time()
+        last_logged = timed_from = done
       if done % config.log_every_steps == 0 or done == total_steps:
         metrics = jax.device_get(metrics)   # Replicated: every process has it.
         for name, value in metrics.items():
@@ -503,14 +515,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                 f'{name} is {value} at step {done}; stopping. The last good '
                 f'checkpoint in {workdir}/checkpoints is kept.')
         now = time.time()
-        ips = (done - last_logged) * config.batch_size / (now - last_time)
-        eta = (total_steps - done) * (now - t0) / max(done - start, 1)
         scalars = {k: float(v) for k, v in metrics.items()}
-        scalars['images_per_sec'] = ips
+        speed = ''
+        if done > timed_from:     # Not the compiling first step alone.
+          scalars['images_per_sec'] = ((done - last_logged) *
+                                       config.batch_size / (now - last_time))
+          eta = (total_steps - done) * (now - t0) / (done - timed_from)
+          speed = (f'  {scalars["images_per_sec"]:.0f} img/s  '
+                   f'ETA {_fmt_time(eta)}')
         writer.write_scalars(done, scalars)
         history.append({'step': done, **scalars})
-        logging.info('step %d/%d  loss %.4f  %.0f img/s  ETA %s', done,
-                     total_steps, scalars['loss'], ips, _fmt_time(eta))
+        logging.info('step %d/%d  loss %.4f%s', done, total_steps,
+                     scalars['loss'], speed)
         last_logged, last_time = done, now
       every = config.online.knn_every_steps
       if every and (done % every == 0 or done == total_steps):
@@ -548,9 +564,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   logged = [h for h in history if 'loss' in h]
   if logged:
     results['final_loss'] = logged[-1]['loss']
-    results['images_per_sec'] = float(np.median(
-        [h['images_per_sec'] for h in logged[1:]] or
-        [logged[-1]['images_per_sec']]))
+    speeds = [h['images_per_sec'] for h in logged if 'images_per_sec' in h]
+    if speeds:
+      results['images_per_sec'] = float(np.median(speeds))
   for h in reversed(history):   # The last online monitor values, labelled.
     for k, v in h.items():
       if k.startswith('online/'):
