@@ -564,9 +564,11 @@ def write_report(records: list[dict], runs: Sequence[Run], report: str,
       'compare at equal epochs (see the train seconds); (3) the imbalanced '
       'runs\' kNN bank and linear-probe training set are their own '
       'imbalanced training data (train.py evaluates on the data it trained '
-      'on), while CACR\'s paper trains its probe on the balanced set; the '
-      'exponential rule leaves class 0 with no training image, which caps '
-      'both methods alike; (4) CMC\'s bank negatives are one set shared by '
+      'on); CACR scores on the balanced test sets (notes/cacr.md Sec. 3.3), '
+      'and which set its probe trains on is not stated; the exponential '
+      'rule leaves class 0 with no training image, as in CACR\'s code '
+      '(int(5000 e^(1-10)) = 0 on CIFAR-10; notes/cacr.md Sec. 3.3), which '
+      'caps both methods alike; (4) CMC\'s bank negatives are one set shared by '
       'the batch (InsDis\'s are per instance, 1024 of them).',
       '',
       '## Accuracy per method and variant (test split, %)',
