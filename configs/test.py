@@ -2,6 +2,9 @@
 
   python main.py --config=configs/test.py --workdir=/tmp/cjax_test
 
+End to end (64 steps on 2,048 Fashion-MNIST images, evaluation on 1,024 test
+images with both baselines, results.json) in 35 s here, 8 virtual devices.
+
 Not any paper's recipe: configs/default.py (its docstring lists how that
 differs from SimCLR) shrunk for speed; its numbers mean nothing.
 """
@@ -14,6 +17,10 @@ def get_config():
   config.model.encoder_kwargs.widths = (8, 16)
   config.model.head_hidden_dim = 32
   config.model.head_out_dim = 16
+  # A slice of Fashion-MNIST (TFDS split syntax): 64 steps of batch 32.
+  # Image-folder runs name whole splits (--config.dataset.train_split=train).
+  config.dataset.train_split = 'train[:2048]'
+  config.dataset.eval_split = 'test[:1024]'
   config.batch_size = 32
   config.num_epochs = 1.0
   config.log_every_steps = 2

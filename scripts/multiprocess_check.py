@@ -71,6 +71,7 @@ COMMON = [
 ]
 JPEG = COMMON + [
     '--config.dataset.name=image_folder', '--config.dataset.image_size=16',
+    '--config.dataset.train_split=train', '--config.dataset.eval_split=test',
     '--config.num_epochs=1', '--config.method=moco', '--config.loss=infonce',
     '--config.moco.queue_size=256', '--config.moco.momentum=0.9',
 ]

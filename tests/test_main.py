@@ -29,6 +29,8 @@ def folder(tmp_path_factory):
 def _flags(folder, workdir, *extra):
   return [sys.executable, 'main.py', '--config=configs/test.py',
           f'--workdir={workdir}', '--config.dataset.name=image_folder',
+          '--config.dataset.train_split=train',
+          '--config.dataset.eval_split=test',
           f'--config.dataset.data_dir={folder}',
           '--config.dataset.image_size=16', '--config.dataset.in_memory=False',
           '--config.model.encoder_kwargs.widths=(4,8)',
