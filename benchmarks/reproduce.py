@@ -264,9 +264,47 @@ def is_done(results_dir: str, run: Run) -> bool:
     return json.load(f).get('args') == run.args()
 
 
+def _newest_mtime(workdir: str) -> float:
+  newest = 0.
+  for dirpath, _, files in os.walk(workdir):
+    for name in files:
+      try:
+        newest = max(newest, os.path.getmtime(os.path.join(dirpath, name)))
+      except OSError:   # Removed while we walked (an orbax temporary).
+        pass
+  return newest
+
+
+def _wait_watching(child: subprocess.Popen, workdir: str,
+                   stall_seconds: float, log) -> int:
+  """Waits for `child`; kills it when nothing in `workdir` changed for
+  `stall_seconds` (its log, checkpoints and event files all live there).
+
+  Why: with 8 virtual devices on a loaded 2-core machine, XLA:CPU's
+  collectives can deadlock in a rendezvous (the study's CACR K=4 run sat at
+  step 20 for an hour, XLA warning "may be stuck"). The process is alive, so
+  only the absence of progress tells. Killed, the run counts as failed and
+  its retry resumes from the last checkpoint.
+  """
+  started = time.time()
+  while True:
+    try:
+      return child.wait(timeout=min(30., stall_seconds))
+    except subprocess.TimeoutExpired:
+      idle = time.time() - max(_newest_mtime(workdir), started)
+      if idle > stall_seconds:
+        log(f'  STALLED: no progress in {workdir} for {idle:.0f} s; '
+            'killing it (the retry resumes from its checkpoint)')
+        child.kill()
+        return child.wait()
+
+
 def execute(run: Run, results_dir: str, work_root: str, *,
-            log=print) -> dict | None:
-  """Trains and evaluates one run with main.py; writes and returns its JSON."""
+            stall_seconds: float = 1200., log=print) -> dict | None:
+  """Trains and evaluates one run with main.py; writes and returns its JSON.
+
+  A run without progress for `stall_seconds` is killed (`_wait_watching`).
+  """
   workdir = os.path.join(work_root, f'{run.run_id}-{run.fingerprint}')
   os.makedirs(workdir, exist_ok=True)
   # No `nice` here: the study is launched under `nice -n 19` (module doc)
@@ -280,7 +318,7 @@ def execute(run: Run, results_dir: str, work_root: str, *,
     child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out,
                              stderr=subprocess.STDOUT)
     try:
-      rc = child.wait()
+      rc = _wait_watching(child, workdir, stall_seconds, log)
     finally:
       if child.poll() is None:
         # Stopped (SIGTERM/Ctrl-C): main.py checkpoints on SIGTERM while it
@@ -685,6 +723,9 @@ def main(argv=None) -> int:
   p.add_argument('--retries', type=int, default=2,
                  help='retries of a failed run, each after --retry_wait s')
   p.add_argument('--retry_wait', type=float, default=300.)
+  p.add_argument('--stall_minutes', type=float, default=20.,
+                 help='kill a run whose workdir has not changed for this '
+                 'long (an XLA:CPU collective deadlock) and retry it')
   args = p.parse_args(argv)
 
   runs = plan(quick=args.quick)
@@ -720,6 +761,7 @@ def main(argv=None) -> int:
         break
       for attempt in range(args.retries + 1):
         if execute(run, results_dir, work_root,
+                   stall_seconds=60 * args.stall_minutes,
                    log=lambda s: print(s, flush=True)) is not None:
           break
         if attempt < args.retries:

@@ -167,3 +167,24 @@ def test_quick_study_end_to_end(tmp_path):
   assert second.returncode == 0, second.stderr[-3000:]
   assert 'main.py' not in second.stdout
   assert mtimes == {p: os.path.getmtime(os.path.join(out, p)) for p in mtimes}
+
+
+# -------------------------------------------------------------- watchdog ---
+
+def test_watchdog_kills_a_silent_run_and_spares_a_progressing_one(tmp_path):
+  """A child that stops writing to its workdir is killed after the stall
+  time; one that keeps writing runs to its own end (exit 0)."""
+  silent = subprocess.Popen([sys.executable, '-c', 'import time; '
+                             'time.sleep(60)'])
+  t0 = reproduce.time.time()
+  rc = reproduce._wait_watching(silent, str(tmp_path), 2., log=lambda s: None)
+  assert rc != 0 and reproduce.time.time() - t0 < 30
+  busy_dir = tmp_path / 'busy'
+  busy_dir.mkdir()
+  code = ('import time, pathlib\n'
+          f'p = pathlib.Path({str(busy_dir)!r}) / "log"\n'
+          'for i in range(6):\n'
+          '  p.write_text(str(i)); time.sleep(1)\n')
+  busy = subprocess.Popen([sys.executable, '-c', code])
+  assert reproduce._wait_watching(busy, str(busy_dir), 2.5,
+                                  log=lambda s: None) == 0
