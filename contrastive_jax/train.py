@@ -268,6 +268,11 @@ def alignment_uniformity(z: jax.Array, key: jax.Array | None
   bank row). z: [B, V, D]; key: [B, Vk, D] or None. Monitoring only: `z` is
   the differentiated output's value, so nothing here reaches a gradient.
   """
+  # The barrier keeps XLA from merging these ops with the loss's own (e.g.
+  # one shared normalisation of z), which would reorder the loss's float
+  # arithmetic: with it, the step's numbers are those of a step without
+  # monitors, bit for bit (checked on configs/default.py).
+  z, key = jax.lax.optimization_barrier((z, key))
   out = {'uniformity': diagnostics.uniformity(z[:, 0])}
   partner = z[:, 1] if z.shape[1] > 1 else None if key is None else key[:, 0]
   if partner is not None:
@@ -616,8 +621,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   writer.flush()
   if jax.process_index() == 0:
     _write_json(os.path.join(workdir, 'results.json'), results)
+    t_plot = time.time()
     evaluate.plot_run(history, results, embeddings,
                       os.path.join(workdir, 'summary.png'))
+    logging.info('Wrote summary.png (%.0f s, mostly t-SNE).',
+                 time.time() - t_plot)
     print(evaluate.summary(results, workdir), flush=True)
   return results
 

@@ -275,8 +275,9 @@ def scatter_classes(ax, coords, labels, *, max_points: int = 10_000,
   sc = ax.scatter(coords[shown, 0], coords[shown, 1], c=labels[shown], s=4,
                   cmap='tab10' if labels.max() < 10 else 'tab20')
   if legend:
-    ax.legend(*sc.legend_elements(), title='class', fontsize='small',
-              loc='best', markerscale=0.8)
+    ax.legend(*sc.legend_elements(), title='class', fontsize='x-small',
+              title_fontsize='x-small', loc='best', markerscale=0.6,
+              ncols=2)
 
 
 def embedding_plot(feats, labels, path: str, method: str = 'pca', *,
