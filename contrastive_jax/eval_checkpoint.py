@@ -32,7 +32,6 @@ written on any number of devices.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -61,13 +60,6 @@ from input_pipeline import augment
 from input_pipeline import pipeline
 
 
-@dataclasses.dataclass(frozen=True)
-class Variables:
-  """What `evaluate.extract_features` reads from a train state."""
-  params: Any
-  batch_stats: Any
-
-
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The run's config from `<workdir>/config.json` (lists back to tuples)."""
   path = os.path.join(workdir, 'config.json')
@@ -89,7 +81,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def restore_variables(workdir: str, model, image_shape: Sequence[int], mesh,
-                      step: int | None = None) -> tuple[Variables, int]:
+                      step: int | None = None) -> tuple[dict[str, Any], int]:
   """Restores params and batch_stats of the newest readable checkpoint.
 
   Args:
@@ -100,7 +92,8 @@ def restore_variables(workdir: str, model, image_shape: Sequence[int], mesh,
     step: a specific step; None takes the newest one that reads.
 
   Returns:
-    (variables, step).
+    (variables, step): variables {'params', 'batch_stats'}, as model.apply
+    takes them.
 
   Raises:
     FileNotFoundError: no (readable) checkpoint.
@@ -129,7 +122,8 @@ def restore_variables(workdir: str, model, image_shape: Sequence[int], mesh,
         # state, key encoder, queue, bank, ...) is left on disk.
         out = manager.restore(s, args=ocp.args.PyTreeRestore(
             item=target, restore_args=restore_args, partial_restore=True))
-        return Variables(out['params'], out['batch_stats']), s
+        return {'params': out['params'],
+                'batch_stats': out['batch_stats']}, s
       except Exception as e:  # pylint: disable=broad-except
         logging.warning('Checkpoint at step %d is unreadable (%s: %s); trying '
                         'the previous one.', s, type(e).__name__, e)
@@ -185,7 +179,7 @@ def _embed_views(model, variables, data, mesh, *, batch_size: int, views_cfg,
     inputs = {'clean': images.astype(jnp.float32) / 255.,
               'view0': views[:, 0], 'view1': views[:, 1]}
     for name, x in inputs.items():
-      f, z = _to_host(*embed(variables.params, variables.batch_stats, x),
+      f, z = _to_host(*embed(variables['params'], variables['batch_stats'], x),
                       mask=batch['mask'])
       parts[name][0].append(f)
       parts[name][1].append(z)
@@ -254,8 +248,7 @@ def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
   # Frozen features exactly as train.py's end-of-run evaluation reads them.
   ev = config.eval
   feature_fn = evaluate.make_feature_fn(model, mesh)
-  frozen = {'params': variables.params, 'batch_stats': variables.batch_stats}
-  train_f, test_f = (evaluate.extract_features(feature_fn, frozen, d, mesh,
+  train_f, test_f = (evaluate.extract_features(feature_fn, variables, d, mesh,
                                                ev.batch_size)
                      for d in (train_data, test_data))
   ks = sorted({int(k) for k in tuple(knn_ks) + tuple(ev.knn_ks)

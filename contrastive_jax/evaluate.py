@@ -36,6 +36,7 @@ from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from contrastive_jax import progress
 from contrastive_jax.evaluators import knn
 from contrastive_jax.evaluators import linear_probe
 from input_pipeline import pipeline
@@ -76,12 +77,17 @@ def _concat(sharding, *parts):
   return jax.lax.with_sharding_constraint(jnp.concatenate(parts), sharding)
 
 
-def extract_features(feature_fn, variables, source, mesh,
-                     batch_size: int) -> Features:
+def num_batches(source, batch_size: int) -> int:
+  return -(-len(source) // batch_size)
+
+
+def extract_features(feature_fn, variables, source, mesh, batch_size: int,
+                     bar=progress.NO_BAR) -> Features:
   """Frozen, un-augmented features of every example of `source`.
 
   Each process reads only its part of every eval batch (`eval_batches`); the
-  features stay on the devices, sharded by rows.
+  features stay on the devices, sharded by rows. `bar` advances by one per
+  batch.
   """
   rows = NamedSharding(mesh, P('data'))
   xs, labels, masks = [], [], []
@@ -90,8 +96,22 @@ def extract_features(feature_fn, variables, source, mesh,
     xs.append(feature_fn(variables, batch['image']))
     labels.append(batch['label'])
     masks.append(batch['mask'])
+    bar.update(1)
   return Features(_concat(rows, *xs), _concat(rows, *labels),
                   _concat(rows, *masks))
+
+
+def first_rows(features: Features, n: int) -> tuple[np.ndarray, np.ndarray]:
+  """The first `n` real rows (x [n, F], labels [n]) on every host, as numpy.
+
+  The rows are replicated by a jitted slice first, so this works when no
+  process holds the whole sharded array (multi-host).
+  """
+  n = min(n, features.x.shape[0])
+  take = jax.jit(lambda f: (f.x[:n], f.label[:n], f.mask[:n]),
+                 out_shardings=NamedSharding(features.x.sharding.mesh, P()))
+  x, label, mask = jax.device_get(take(features))
+  return x[mask], label[mask]
 
 
 def _variables(state):
@@ -99,46 +119,69 @@ def _variables(state):
 
 
 def score(name: str, train: Features, test: Features, *, config, mesh,
-          num_classes: int) -> dict[str, float]:
-  """kNN and linear-probe accuracy of one representation, keys prefixed."""
+          num_classes: int, bar=progress.NO_BAR) -> dict[str, float]:
+  """kNN and linear-probe accuracy of one representation, keys prefixed.
+
+  `bar` advances by one after the kNN and one after the probe.
+  """
   t0 = time.time()
   ev = config.eval
   out = {}
+  bar.set_postfix_str('kNN')
   knn_res = knn.knn_evaluate(
       train.x, train.label, test.x, test.label, num_classes=num_classes,
       ks=tuple(ev.knn_ks), temperature=ev.knn_temperature, mesh=mesh,
       bank_mask=train.mask, query_mask=test.mask)
   out.update({f'{name}/{k}': float(v) for k, v in knn_res.items()})
+  bar.update(1)
+  bar.set_postfix_str('linear probe (L-BFGS)')
   lin = linear_probe.logistic_regression(
       train.x, train.label, test.x, test.label, num_classes=num_classes,
       l2=ev.linear_l2, max_iter=ev.linear_max_iter, train_mask=train.mask,
       test_mask=test.mask)
   out.update({f'{name}/linear_{k}': float(v) for k, v in lin.items()})
-  logging.info('%s: %s (%.1fs)', name,
-               ', '.join(f'{k.split("/")[1]}={v:.4f}' for k, v in out.items()),
-               time.time() - t0)
+  bar.update(1)
+  bar.set_postfix_str('')
+  # The headline numbers; results.json has every metric.
+  logging.info('%s: %s (%.1f s)', name, ', '.join(
+      f'{k.split("/")[1]} {100 * v:.2f}%' for k, v in out.items()
+      if k.endswith('top1') or 'weighted_top1@' in k), time.time() - t0)
   return out
 
 
+# Test examples kept per representation for summary.png's 2-D embedding.
+EMBEDDING_POINTS = 2000
+
+
 def evaluate_all(config, feature_fn, states: dict, train_data, test_data,
-                 mesh) -> dict[str, float]:
+                 mesh) -> tuple[dict[str, float], dict]:
   """Scores raw pixels (if config.eval.baselines) and each state in `states`.
 
   `states` maps a name to a train state ('trained' always; the others, e.g.
   'random_init', only with config.eval.baselines).
+
+  Returns:
+    (results, embeddings): the accuracies, keys '<representation>/<metric>';
+    and per representation the first `EMBEDDING_POINTS` evaluation examples'
+    (features [n, F], labels [n]) as numpy, for `plot_run`.
   """
   num_classes = max(train_data.num_classes, test_data.num_classes)
   kw = dict(config=config, mesh=mesh, num_classes=num_classes)
   reps = {'raw_pixels': None} if config.eval.baselines else {}
   reps.update({name: _variables(state) for name, state in states.items()
                if name == 'trained' or config.eval.baselines})
-  results = {}
+  results, embeddings = {}, {}
+  bs = config.eval.batch_size
   for name, variables in reps.items():
-    train, test = (extract_features(feature_fn, variables, d, mesh,
-                                    config.eval.batch_size)
-                   for d in (train_data, test_data))
-    results.update(score(name, train, test, **kw))
-  return results
+    # Units: every feature batch of both splits, then the kNN and the probe.
+    total = num_batches(train_data, bs) + num_batches(test_data, bs) + 2
+    with progress.bar(total, f'evaluating {name}', rate=False) as bar:
+      train, test = (extract_features(feature_fn, variables, d, mesh, bs,
+                                      bar=bar)
+                     for d in (train_data, test_data))
+      results.update(score(name, train, test, bar=bar, **kw))
+    embeddings[name] = first_rows(test, EMBEDDING_POINTS)
+  return results, embeddings
 
 
 def online_knn(config, feature_fn, state, train_data, test_data, mesh
@@ -166,30 +209,88 @@ def online_knn(config, feature_fn, state, train_data, test_data, mesh
   return {f'online/knn_top1@{k}': float(res[f'knn_weighted_top1@{k}'])}
 
 
-def plot_run(history, results, path: str) -> None:
-  """Writes a PNG: the loss curve and a bar chart of the final accuracies."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+def _curve(ax, history, key, **kw) -> bool:
+  """Plots `key` of the history entries that have it; False if none has."""
+  points = [(h['step'], h[key]) for h in history if key in h]
+  if points:
+    ax.plot(*zip(*points), **kw)
+  return bool(points)
 
-  fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-  history = [h for h in history if 'loss' in h]
-  if history:
-    ax_loss.plot([h['step'] for h in history], [h['loss'] for h in history])
-  ax_loss.set(xlabel='step', ylabel='training loss', title='Pretraining loss')
-  accs = {k: v for k, v in results.items()
-          if isinstance(v, float) and 'top1' in k and 'train_top1' not in k}
-  names = sorted(accs)
-  ax_acc.barh(range(len(names)), [100 * accs[n] for n in names])
-  ax_acc.set_yticks(range(len(names)), names, fontsize=7)
-  for i, n in enumerate(names):
-    ax_acc.text(100 * accs[n], i, f' {100 * accs[n]:.1f}', va='center',
-                fontsize=7)
-  ax_acc.set(xlabel='test accuracy (%)', title='Frozen-feature evaluation')
-  ax_acc.set_xlim(0, 105)
+
+def plot_run(history, results, embeddings, path: str) -> None:
+  """Writes summary.png: what a run did and what it learnt.
+
+  Panels: (1) the loss and the learning rate; (2) the online monitors (the
+  linear probe's training-batch accuracy, the periodic kNN) over steps;
+  (3) alignment and uniformity of the batch's embeddings (Wang & Isola 2020,
+  lower is better); (4) the final kNN and linear accuracy of the trained
+  encoder against the baselines; (5, 6) t-SNE maps of test features of the
+  trained encoder and of the first baseline, coloured by class.
+  """
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  from contrastive_jax.evaluators import diagnostics  # pylint: disable=g-import-not-at-top
+
+  # No pyplot: the global backend (a notebook's) is left alone.
+  fig = Figure(figsize=(16, 9), dpi=90)
+  FigureCanvasAgg(fig)
+  axes = fig.subplots(2, 3)
+  ax = axes[0, 0]
+  _curve(ax, history, 'loss', color='C0')
+  ax.set(xlabel='step', ylabel='training loss', title='Loss and learning rate')
+  ax_lr = ax.twinx()
+  if _curve(ax_lr, history, 'learning_rate', color='C1', linestyle='--'):
+    ax_lr.set_ylabel('learning rate (dashed)', color='C1')
+
+  ax = axes[0, 1]
+  knn_keys = sorted({k for h in history for k in h
+                     if k.startswith('online/knn')})
+  for key, label in ([('online/linear_acc', 'linear probe (training batch)')]
+                     + [(k, k.split('/')[1] + ' (test subset)')
+                        for k in knn_keys]):
+    _curve(ax, history, key, marker='.' if 'knn' in key else None,
+           label=label)
+  ax.set(xlabel='step', ylabel='accuracy', title='Online monitors')
+  if ax.lines:
+    ax.legend(fontsize='small')
+
+  ax = axes[0, 2]
+  _curve(ax, history, 'alignment', color='C2', label='alignment')
+  ax.set(xlabel='step', title='Alignment and uniformity (lower is better)')
+  ax.set_ylabel('alignment', color='C2')
+  ax_u = ax.twinx()
+  if _curve(ax_u, history, 'uniformity', color='C3', label='uniformity'):
+    ax_u.set_ylabel('uniformity', color='C3')
+
+  ax = axes[1, 0]
+  reps = [r for r in ('raw_pixels', 'random_init', 'trained')
+          if f'{r}/linear_top1' in results]
+  knn_key = next((k.split('/', 1)[1] for k in sorted(results)
+                  if k.startswith('trained/knn_weighted_top1')), None)
+  for j, (metric, label) in enumerate([(knn_key, 'kNN'),
+                                       ('linear_top1', 'linear')]):
+    vals = [100 * results.get(f'{r}/{metric}', float('nan')) for r in reps]
+    ys = np.arange(len(reps)) + (j - 0.5) * 0.38
+    ax.barh(ys, vals, height=0.38, label=label)
+    for y, v in zip(ys, vals):
+      ax.text(v, y, f' {v:.1f}', va='center', fontsize=8)
+  ax.set_yticks(range(len(reps)), reps)
+  ax.set(xlim=(0, 110), xlabel='test accuracy (%)',
+         title='Frozen features: trained vs baselines')
+  ax.legend(fontsize='small', loc='lower right')
+
+  shown = [r for r in ('trained', 'random_init', 'raw_pixels')
+           if r in embeddings][:2]
+  for ax, rep in zip(axes[1, 1:], shown):
+    x, labels = embeddings[rep]
+    diagnostics.scatter_classes(ax, diagnostics.project_2d(x, 'tsne'),
+                                labels, legend=rep == 'trained')
+    ax.set(xticks=[], yticks=[],
+           title=f't-SNE of {len(x)} test features: {rep}')
+  for ax in axes[1, 1 + len(shown):]:
+    ax.set_axis_off()
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  fig.savefig(path)
 
 
 def summary(results: dict, workdir: str) -> str:

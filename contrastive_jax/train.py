@@ -42,9 +42,11 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import checkpointing
 from contrastive_jax import evaluate
+from contrastive_jax.evaluators import diagnostics
 from contrastive_jax import losses
 from contrastive_jax import methods
 from contrastive_jax import models
+from contrastive_jax import progress
 from contrastive_jax import runtime
 from contrastive_jax import schedules
 from contrastive_jax import state as state_lib
@@ -59,19 +61,25 @@ TrainState = state_lib.TrainState
 create_mesh = runtime.create_mesh
 
 
+def learning_rate_schedule(config, total_steps: int) -> optax.Schedule:
+  """Step -> learning rate: linear warmup, then cosine decay to 0."""
+  opt = config.optimizer
+  # Linear scaling rule (Goyal et al. 2017): lr = base_lr * batch / 256.
+  peak = opt.base_learning_rate * config.batch_size / 256
+  warmup = int(opt.warmup_fraction * total_steps)
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0., peak_value=peak, warmup_steps=max(warmup, 1),
+      decay_steps=max(total_steps, warmup + 1), end_value=0.)
+
+
 def create_optimizer(config, total_steps: int) -> optax.GradientTransformation:
-  """The configured optimizer with linear warmup and cosine decay.
+  """The configured optimizer on `learning_rate_schedule`.
 
   Weight decay skips biases and BatchNorm scales/offsets (1-D leaves), as is
   standard for SimCLR/MoCo-style training.
   """
   opt = config.optimizer
-  # Linear scaling rule (Goyal et al. 2017): lr = base_lr * batch / 256.
-  peak = opt.base_learning_rate * config.batch_size / 256
-  warmup = int(opt.warmup_fraction * total_steps)
-  schedule = optax.warmup_cosine_decay_schedule(
-      init_value=0., peak_value=peak, warmup_steps=max(warmup, 1),
-      decay_steps=max(total_steps, warmup + 1), end_value=0.)
+  schedule = learning_rate_schedule(config, total_steps)
   decay_mask = lambda params: jax.tree.map(lambda p: p.ndim > 1, params)
   if opt.name == 'adamw':
     return optax.adamw(schedule, weight_decay=opt.weight_decay,
@@ -240,7 +248,8 @@ def train_step(state: TrainState, batch: dict[str, Any], rng: jax.Array, *,
              # 4. The method's state after the step (enqueue, bank write).
              method_state=method.update(prepared, z, batch))
   metrics = dict(metrics, **prepared.metrics, **scheduled, loss=value,
-                 grad_norm=optax.global_norm(grads))
+                 grad_norm=optax.global_norm(grads),
+                 **alignment_uniformity(z, prepared.inputs.key))
   if probe is not None:
     new['probe_params'], new['probe_opt_state'], probe_metrics = (
         online_probe_step(state.probe_params, state.probe_opt_state,
@@ -248,6 +257,27 @@ def train_step(state: TrainState, batch: dict[str, Any], rng: jax.Array, *,
     metrics.update(probe_metrics)
   metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
   return state.replace(**new), metrics
+
+
+def alignment_uniformity(z: jax.Array, key: jax.Array | None
+                         ) -> dict[str, jax.Array]:
+  """Wang & Isola (2020)'s monitors of the batch's embeddings, lower better.
+
+  `uniformity` of view 0 over the batch; `alignment` of view 0 with its
+  positive: view 1, or with one view, the key (MoCo's key encoder, InsDis's
+  bank row). z: [B, V, D]; key: [B, Vk, D] or None. Monitoring only: `z` is
+  the differentiated output's value, so nothing here reaches a gradient.
+  """
+  # The barrier keeps XLA from merging these ops with the loss's own (e.g.
+  # one shared normalisation of z), which would reorder the loss's float
+  # arithmetic: with it, the step's numbers are those of a step without
+  # monitors, bit for bit (checked on configs/default.py).
+  z, key = jax.lax.optimization_barrier((z, key))
+  out = {'uniformity': diagnostics.uniformity(z[:, 0])}
+  partner = z[:, 1] if z.shape[1] > 1 else None if key is None else key[:, 0]
+  if partner is not None:
+    out['alignment'] = diagnostics.alignment(z[:, 0], partner)
+  return out
 
 
 def create_model(config):
@@ -263,10 +293,11 @@ class Setup:
 
   `init_fn(rng) -> state`; `step_fn(state, batch, rng) -> (state, metrics)`,
   the state donated; the batch is sharded along 'data', the state as
-  `shardings` says.
+  `shardings` says. `learning_rate(step)` is the rate `tx` applies at `step`.
   """
   model: Any
   tx: optax.GradientTransformation
+  learning_rate: optax.Schedule
   method: methods.base.Method
   loss: Loss
   probe: OnlineProbe | None
@@ -305,7 +336,9 @@ def build(config, mesh, *, total_steps: int, steps_per_epoch: int,
       in_shardings=(shardings, {'views': data, 'label': data, 'index': data},
                     replicated),
       out_shardings=(shardings, replicated), donate_argnums=(0,))
-  return Setup(model=model, tx=tx, method=method, loss=loss, probe=probe,
+  return Setup(model=model, tx=tx,
+               learning_rate=learning_rate_schedule(config, total_steps),
+               method=method, loss=loss, probe=probe,
                init_fn=jax.jit(init, out_shardings=shardings),
                step_fn=step_fn, shardings=shardings)
 
@@ -492,61 +525,73 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   # Entries past the restored step belong to steps that will be redone.
   history = [h for h in _load_history(workdir) if h['step'] <= start]
   preempted = _preemption_check()
+  # A log line every log_every_steps; under a progress bar (a terminal), the
+  # bar shows every step, so a lasting line only every ~10% of the run.
+  line_every = config.log_every_steps
+  if progress.enabled():
+    line_every *= max(1, total_steps // 10 // config.log_every_steps)
   t0, last_logged, last_time, timed_from = time.time(), start, time.time(), start
   try:
-    for step, batch in zip(range(start, total_steps),
-                           batches.iterate(start, total_steps)):
-      views = augment_fn(step, batch['image'])
-      state, metrics = setup.step_fn(
-          state, {'views': views, 'label': batch['label'],
-                  'index': batch['index']}, step_rng)
-      done = step + 1
-      if step == start:
-        # The first step compiles: time from its end, so images/s and the
-        # ETA are the steady state's, not diluted by compilation.
-        jax.block_until_ready(metrics)
-        t0 = last_time = time.time()
-        last_logged = timed_from = done
-      if done % config.log_every_steps == 0 or done == total_steps:
-        metrics = jax.device_get(metrics)   # Replicated: every process has it.
-        for name, value in metrics.items():
-          if not np.isfinite(value):
-            raise FloatingPointError(
-                f'{name} is {value} at step {done}; stopping. The last good '
-                f'checkpoint in {workdir}/checkpoints is kept.')
-        now = time.time()
-        scalars = {k: float(v) for k, v in metrics.items()}
-        speed = ''
-        if done > timed_from:     # Not the compiling first step alone.
-          scalars['images_per_sec'] = ((done - last_logged) *
-                                       config.batch_size / (now - last_time))
-          eta = (total_steps - done) * (now - t0) / (done - timed_from)
-          speed = (f'  {scalars["images_per_sec"]:.0f} img/s  '
-                   f'ETA {_fmt_time(eta)}')
-        writer.write_scalars(done, scalars)
-        history.append({'step': done, **scalars})
-        logging.info('step %d/%d  loss %.4f%s', done, total_steps,
-                     scalars['loss'], speed)
-        last_logged, last_time = done, now
-      every = config.online.knn_every_steps
-      if every and (done % every == 0 or done == total_steps):
-        online = evaluate.online_knn(config, feature_fn, state, train_data,
-                                     test_data, mesh)
-        writer.write_scalars(done, online)
-        if history and history[-1]['step'] == done:
-          history[-1].update(online)
-        else:
-          history.append({'step': done, **online})
-        logging.info('step %d  %s', done, online)
-      stop = preempted(done)
-      if (stop or done % config.checkpoint_every_steps == 0 or
-          done == total_steps):
-        checkpointing.save(manager, done, state)
-        _save_history(workdir, history)
-      if stop:
-        raise Preempted(
-            f'preempted (SIGTERM) at step {done}: its checkpoint is saved in '
-            f'{workdir}/checkpoints; rerun the same command to resume.')
+    with progress.bar(total_steps, 'pretraining', initial=start) as bar:
+      for step, batch in zip(range(start, total_steps),
+                             batches.iterate(start, total_steps)):
+        views = augment_fn(step, batch['image'])
+        state, metrics = setup.step_fn(
+            state, {'views': views, 'label': batch['label'],
+                    'index': batch['index']}, step_rng)
+        done = step + 1
+        bar.update(1)
+        if step == start:
+          # The first step compiles: time from its end, so images/s and the
+          # ETA are the steady state's, not diluted by compilation.
+          jax.block_until_ready(metrics)
+          t0 = last_time = time.time()
+          last_logged = timed_from = done
+          bar.restart_clock()
+        if done % config.log_every_steps == 0 or done == total_steps:
+          metrics = jax.device_get(metrics)  # Replicated: every process has it.
+          for name, value in metrics.items():
+            if not np.isfinite(value):
+              raise FloatingPointError(
+                  f'{name} is {value} at step {done}; stopping. The last good '
+                  f'checkpoint in {workdir}/checkpoints is kept.')
+          now = time.time()
+          scalars = {k: float(v) for k, v in metrics.items()}
+          scalars['learning_rate'] = float(setup.learning_rate(step))
+          speed = eta = ''
+          if done > timed_from:     # Not the compiling first step alone.
+            scalars['images_per_sec'] = ((done - last_logged) *
+                                         config.batch_size / (now - last_time))
+            speed = f'  {scalars["images_per_sec"]:.0f} img/s'
+            eta = '  ETA ' + _fmt_time((total_steps - done) * (now - t0) /
+                                       (done - timed_from))
+          writer.write_scalars(done, scalars)
+          history.append({'step': done, **scalars})
+          bar.set_postfix_str(f'loss {scalars["loss"]:.4f}{speed}')
+          if done % line_every == 0 or done == total_steps:
+            logging.info('step %d/%d  loss %.4f%s%s', done, total_steps,
+                         scalars['loss'], speed, eta)
+          last_logged, last_time = done, now
+        every = config.online.knn_every_steps
+        if every and (done % every == 0 or done == total_steps):
+          online = evaluate.online_knn(config, feature_fn, state, train_data,
+                                       test_data, mesh)
+          writer.write_scalars(done, online)
+          if history and history[-1]['step'] == done:
+            history[-1].update(online)
+          else:
+            history.append({'step': done, **online})
+          logging.info('step %d  %s', done, ', '.join(
+              f'{k} {v:.4f}' for k, v in online.items()))
+        stop = preempted(done)
+        if (stop or done % config.checkpoint_every_steps == 0 or
+            done == total_steps):
+          checkpointing.save(manager, done, state)
+          _save_history(workdir, history)
+        if stop:
+          raise Preempted(
+              f'preempted (SIGTERM) at step {done}: its checkpoint is saved '
+              f'in {workdir}/checkpoints; rerun the same command to resume.')
   finally:
     # Let in-flight asynchronous saves finish (or fail) before any error
     # propagates, so the error is the last thing printed and no half-written
@@ -555,7 +600,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     manager.close()
   train_seconds = time.time() - t0
 
-  results = evaluate.evaluate_all(
+  results, embeddings = evaluate.evaluate_all(
       # The donated initial state is gone; init is deterministic, so redo it.
       config, feature_fn, {'trained': state, 'random_init': setup.init_fn(init_rng)},
       train_data, test_data, mesh)
@@ -576,7 +621,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   writer.flush()
   if jax.process_index() == 0:
     _write_json(os.path.join(workdir, 'results.json'), results)
-    evaluate.plot_run(history, results, os.path.join(workdir, 'summary.png'))
+    t_plot = time.time()
+    evaluate.plot_run(history, results, embeddings,
+                      os.path.join(workdir, 'summary.png'))
+    logging.info('Wrote summary.png (%.0f s, mostly t-SNE).',
+                 time.time() - t_plot)
     print(evaluate.summary(results, workdir), flush=True)
   return results
 

@@ -14,6 +14,8 @@ with an error that says how to fix it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import pathlib
 import socket
@@ -143,11 +145,19 @@ def get_builder(name: str, data_dir: str | None = None, *,
     return builder
 
   if name == 'fashion_mnist' and _debian_files_present(fashion_mnist_source):
-    manual_dir = pathlib.Path(builder.data_dir_root) / 'manual' / name
-    prepare_fashion_mnist_manual_dir(manual_dir, fashion_mnist_source)
-    logging.info('Building %s offline from %s', name, fashion_mnist_source)
-    builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+    # Several processes may start at once (test workers, a notebook next to a
+    # run): one builds, the others wait and find it prepared.
+    with _build_lock(builder.data_dir_root, name):
+      # Anew: a builder made before another process prepared the data holds
+      # empty dataset info.
+      builder = tfds.builder(name, data_dir=data_dir, file_format=FILE_FORMAT)
+      if builder.is_prepared():
+        return builder
+      manual_dir = pathlib.Path(builder.data_dir_root) / 'manual' / name
+      prepare_fashion_mnist_manual_dir(manual_dir, fashion_mnist_source)
+      logging.info('Building %s offline from %s', name, fashion_mnist_source)
+      builder.download_and_prepare(
+          download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
     return builder
 
   hint = _OFFLINE_HINT.get(name, f'prepare it where there is network (`tfds '
@@ -168,6 +178,18 @@ def get_builder(name: str, data_dir: str | None = None, *,
   except Exception as e:  # pylint: disable=broad-except
     raise unavailable(f'{type(e).__name__}: {str(e)[:300]}') from e
   return builder
+
+
+@contextlib.contextmanager
+def _build_lock(data_dir_root: str, name: str):
+  """An exclusive lock file (flock) for building `name` in `data_dir_root`."""
+  os.makedirs(data_dir_root, exist_ok=True)
+  with open(os.path.join(data_dir_root, f'.{name}.build.lock'), 'w') as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _network_available(hosts=('storage.googleapis.com', 'www.tensorflow.org')

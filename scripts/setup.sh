@@ -25,7 +25,12 @@ fi
 stamp=.venv/.requirements.sha256
 want=$(sha256sum requirements.txt | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
-  .venv/bin/pip check
+  echo "Installing the pinned requirements into .venv (a few minutes, once)..."
+  # This machine's pip configuration may name package-index folders that do
+  # not exist; pip warns about each on every install. Only those lines are
+  # dropped (grep); pip's exit status still decides (pipefail).
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt \
+    2>&1 | { grep -v "^WARNING: Location '.*' is ignored: it is neither a file nor a directory.$" || true; }
+  .venv/bin/pip check > /dev/null || { .venv/bin/pip check; exit 1; }
   echo "$want" > "$stamp"
 fi

@@ -6,11 +6,15 @@ import io
 import os
 import pathlib
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from input_pipeline import datasets
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _TFDS_CHECKSUMS = None
 
@@ -115,3 +119,23 @@ def test_missing_dataset_without_network_fails_fast_with_fix(tmp_path,
 def test_unknown_dataset_name(tmp_path):
   with pytest.raises(datasets.DatasetUnavailableError, match='unknown TFDS'):
     datasets.get_builder('no_such_dataset_xyz', str(tmp_path))
+
+
+def test_concurrent_first_builds_of_fashion_mnist_both_succeed(tmp_path):
+  """Two processes (test workers, a notebook beside a run) asking for the
+  unprepared dataset at once: one builds under the lock, the other waits
+  and reads the same prepared copy (without the lock the second rename of
+  TFDS's temporary directory fails)."""
+  code = ('import sys; from input_pipeline import datasets; '
+          'b = datasets.get_builder("fashion_mnist", sys.argv[1]); '
+          'print(b.info.splits["train"].num_examples)')
+  procs = [subprocess.Popen([sys.executable, '-c', code, str(tmp_path)],
+                            cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+           for _ in range(2)]
+  outs = [p.communicate(timeout=600) for p in procs]
+  for p, (out, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-2000:]
+    assert out.split()[-1] == '60000'
+  assert not [d for d in os.listdir(tmp_path / 'fashion_mnist')
+              if 'incomplete' in d]

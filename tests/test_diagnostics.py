@@ -99,8 +99,23 @@ def test_embedding_plot_pca_preserves_planar_geometry(tmp_path):
   # The first component carries the larger spread.
   assert coords[:, 0].var() > coords[:, 1].var()
   assert path.read_bytes()[:8] == PNG_MAGIC
-  with pytest.raises(ValueError, match='pca'):
-    diagnostics.embedding_plot(feats, labels, str(path), method='tsne')
+  with pytest.raises(ValueError, match="'pca' or 'tsne'"):
+    diagnostics.embedding_plot(feats, labels, str(path), method='umap')
+
+
+def test_tsne_keeps_separated_clusters_separated():
+  """Four tight clusters far apart in 64-d (on the sphere): in the t-SNE
+  map each point's nearest neighbours are of its own cluster."""
+  rng = np.random.default_rng(0)
+  centres = rng.normal(size=(4, 64)) * 10
+  labels = np.repeat(np.arange(4), 50)
+  feats = centres[labels] + rng.normal(size=(200, 64))
+  coords = diagnostics.project_2d(feats, 'tsne', seed=0)
+  assert coords.shape == (200, 2)
+  d = np.linalg.norm(coords[:, None] - coords[None], axis=-1)
+  np.fill_diagonal(d, np.inf)
+  nearest = np.argsort(d, axis=1)[:, :5]
+  assert np.mean(labels[nearest] == labels[:, None]) > 0.99
 
 
 # --- CACR conditional entropy H(X^-|X) -------------------------------------
@@ -203,3 +218,19 @@ def test_semantic_sensitivity_matches_brute_force_with_second_encoder():
   got = float(diagnostics.semantic_sensitivity(
       f.astype(np.float32), labels, g.astype(np.float32)))
   assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_train_step_monitors_pick_the_positive_partner():
+  """train.alignment_uniformity: view 1 is view 0's partner; with one view
+  the key; with neither, no alignment. Closed forms on unit vectors."""
+  from contrastive_jax import train
+  z0 = np.array([[1., 0.], [-1., 0.]], np.float32)      # Antipodal pair.
+  two_views = np.stack([z0, 3 * z0], axis=1)            # Same directions.
+  m = train.alignment_uniformity(two_views, key=-two_views)
+  np.testing.assert_allclose(m['alignment'], 0., atol=1e-6)
+  # One pair at squared distance 4: log exp(-2 * 4) = -8.
+  np.testing.assert_allclose(m['uniformity'], -8., rtol=1e-6)
+  one_view = z0[:, None]
+  m = train.alignment_uniformity(one_view, key=-one_view)   # Opposite keys.
+  np.testing.assert_allclose(m['alignment'], 4., rtol=1e-6)
+  assert 'alignment' not in train.alignment_uniformity(one_view, key=None)

@@ -89,14 +89,14 @@ def test_restore_onto_another_mesh_and_explicit_step(evaluated):
   variables, step = eval_checkpoint.restore_variables(
       workdir, model, (12, 12, 1), mesh, step=6)
   assert step == 6
-  leaf = jax.tree.leaves(variables.params)[0]
+  leaf = jax.tree.leaves(variables['params'])[0]
   assert leaf.sharding.mesh.size == 1
   latest, latest_step = eval_checkpoint.restore_variables(
       workdir, model, (12, 12, 1), mesh)
   assert latest_step == 8
   # Different steps hold different weights (the restore is not a re-init).
   assert any(not np.array_equal(a, b) for a, b in zip(
-      jax.tree.leaves(variables.params), jax.tree.leaves(latest.params)))
+      jax.tree.leaves(variables['params']), jax.tree.leaves(latest['params'])))
 
 
 def test_missing_run_is_a_clear_error(tmp_path):

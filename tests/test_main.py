@@ -6,12 +6,16 @@ checkpointer has finished, and leave no half-written checkpoint behind.
 """
 
 import json
+import math
 import os
+import re
 import signal
+import struct
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from synthetic_data import make_jpeg_folder
@@ -91,3 +95,70 @@ def test_sigterm_saves_the_step_reached_and_exits_143(folder, tmp_path):
   with open(tmp_path / 'results.json') as f:
     results = json.load(f)
   assert results['resumed_from_step'] == saved and results['steps'] == 8
+
+
+def test_what_a_person_sees(folder, tmp_path):
+  """A run with progress bars (forced on: stderr is a pipe here) through
+  main.py: the bars, log lines whole above them, a lasting step line every
+  ~10% of the run, the results table last on stdout, and summary.png's
+  curves (learning rate against its closed form) in history.json."""
+  total, every = 32, 3      # 4 epochs of 256 / 32; 32 // 10 = 3.
+  out = subprocess.run(
+      _flags(folder, tmp_path, '--progress=on', '--config.num_epochs=4',
+             '--config.log_every_steps=1', '--config.eval.baselines=True',
+             '--config.online.knn_every_steps=16',
+             '--config.online.knn_bank_size=128',
+             '--config.online.knn_num_queries=64'),
+      cwd=REPO, capture_output=True, text=True, timeout=600,
+      env=dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8'))
+  assert out.returncode == 0, out.stderr[-2000:]
+  segments = [s for line in out.stderr.split('\n') for s in line.split('\r')]
+  assert any(s.startswith(f'pretraining: 100%') and f'{total}/{total}' in s
+             and 'img/s' in s for s in segments), out.stderr[-2000:]
+  for rep in ('raw_pixels', 'random_init', 'trained'):
+    assert any(s.startswith(f'evaluating {rep}: 100%') for s in segments)
+  # Log records are whole lines: a bar never cuts into one.
+  records = [s for s in segments if ' train.py:' in s or ' evaluate.py:' in s]
+  assert records and all(re.match(r'[IWE]\d{4} ', s) for s in records), records
+  logged = [int(m.group(1)) for s in records
+            for m in [re.search(r'\] step (\d+)/', s)] if m]
+  assert logged == list(range(every, total, every)) + [total], logged
+  # No library INFO noise (orbax, TFDS, TensorFlow's C++ start-up lines).
+  assert 'orbax' not in out.stderr and 'oneDNN' not in out.stderr
+
+  # stdout ends with the results table; its numbers are results.json's.
+  with open(tmp_path / 'results.json') as f:
+    results = json.load(f)
+  table = out.stdout.strip().splitlines()
+  assert table[-1] == '=' * 64
+  for rep in ('raw_pixels', 'random_init', 'trained'):
+    row = next(line for line in table if line.startswith(rep))
+    knn_v, lin_v = (float(x.rstrip('%')) for x in row.split()[1:])
+    assert knn_v == round(100 * results[f'{rep}/knn_weighted_top1@5'], 2)
+    assert lin_v == round(100 * results[f'{rep}/linear_top1'], 2)
+
+  with open(tmp_path / 'history.json') as f:
+    history = json.load(f)
+  steps = [h['step'] for h in history if 'loss' in h]
+  assert steps == list(range(1, total + 1))
+  # Warmup (int(0.05 * 32) = 1 step) then cosine to 0; peak 1e-3 * 32 / 256;
+  # logged at step s is the rate step s - 1 used.
+  peak, warm = 1e-3 * 32 / 256, 1
+  def lr(t):
+    if t < warm:
+      return peak * t / warm
+    return peak * 0.5 * (1 + math.cos(math.pi * (t - warm) / (total - warm)))
+  np.testing.assert_allclose([h['learning_rate'] for h in history
+                              if 'loss' in h],
+                             [lr(s - 1) for s in steps], rtol=1e-5, atol=1e-9)
+  for h in history:
+    if 'loss' in h:
+      # Unit vectors: 0 <= ||a - b||^2 <= 4, and -2 * 4 <= uniformity <= 0.
+      assert 0 <= h['alignment'] <= 4 and -8 <= h['uniformity'] <= 0, h
+      assert 0 <= h['online/linear_acc'] <= 1
+  assert [h['step'] for h in history if 'online/knn_top1@20' in h] == [16, 32]
+  with open(tmp_path / 'summary.png', 'rb') as f:
+    png = f.read()
+  assert png[:8] == b'\x89PNG\r\n\x1a\n'
+  # 16 x 9 inches at 90 dpi: the six-panel figure.
+  assert struct.unpack('>II', png[16:24]) == (1440, 810)

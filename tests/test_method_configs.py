@@ -18,10 +18,14 @@ hyperparameters and views kept), through the real augmentation and the jitted
 2. Losses, grad norms and checksums of every part of the state after 3 steps
    equal tests/pinned_steps.json, made by the code before the method registry
    (see pinned_steps.py). Measured: all 264 values bit-identical on the
-   machine that made them. Tolerance rel 1e-5 (abs 1e-6 near 0): another
-   CPU's kernels may reorder float32 sums, about sqrt(n) eps ~ 1e-6 relative
-   after 3 SGD steps; a change in what is computed moves these by 1e-3 or
-   more.
+   machine that made them (Intel). On another CPU (AMD EPYC) XLA's kernels
+   order float32 sums differently, and 3 SGD steps amplify that: worst
+   relative deviations there were 3.1e-6 (loss), 5.0e-5 (grad norm), 1.7e-5
+   (sum |x| of a state part) and 2.7e-6 (sum x, relative to sum |x|).
+   Tolerance `RTOL` = 2e-4, four times the worst seen; a signed sum x is
+   compared on the scale of sum |x|, its condition number (it may cancel to
+   near 0). A change in what is computed moves these by 1e-3 or more (e.g.
+   a wrong view or negative set: the loss alone moves by 1e-1).
 """
 
 import functools
@@ -118,8 +122,18 @@ def _independent_loss(config, setup, s0, batch, step_rng) -> float:
   return float(loss)
 
 
+RTOL = 2e-4
+
+
 def _close(got, want):
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got, want, rtol=RTOL, atol=1e-6)
+
+
+def _close_sums(got, want):
+  """[sum x, sum |x|] within RTOL of sum |x| (see the module docstring)."""
+  scale = RTOL * abs(want[1]) + 1e-6
+  assert abs(got[0] - want[0]) <= scale and abs(got[1] - want[1]) <= scale, (
+      got, want)
 
 
 @pytest.mark.parametrize('name', pinned_steps.method_configs())
@@ -144,7 +158,7 @@ def test_config_step_computes_its_loss_and_pinned_numbers(name):
   _close(got['grad_norm'], want['grad_norm'])
   assert got['checksums'].keys() == want['checksums'].keys()
   for part, sums in want['checksums'].items():
-    _close(got['checksums'][part], sums)
+    _close_sums(got['checksums'][part], sums)
 
 
 def test_every_config_is_covered():

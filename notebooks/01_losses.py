@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: py:percent
+#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -15,42 +15,36 @@
 # # Contrastive losses side by side
 #
 # Every loss in `contrastive_jax.losses` is a pure function
-# `loss_fn(inputs, *, hyperparameters) -> (loss, metrics)`. This notebook
+# `loss_fn(z, [key, queue, labels], *, hyperparameters) -> (loss, metrics)`
+# with z of shape [N, V, D] (N instances, V views, D dimensions);
+# `losses.apply(name, losses.LossInputs(...))` calls any of them by name.
+# This notebook
 #
-# 1. evaluates them on toy embeddings of increasing quality;
-# 2. shows how CACR weighs positives and negatives against their distance
+# 1. evaluates every loss, jitted, on toy embeddings of increasing quality;
+# 2. checks each loss's gradient against finite differences;
+# 3. plots the similarity matrix the InfoNCE family sees, and what the
+#    temperature does to it;
+# 4. shows how CACR weighs positives and negatives against their distance
 #    (and checks those weights against the loss's own gradient);
-# 3. shows MACL's adaptive temperature against the batch alignment;
-# 4. shows TCL's gradient magnitudes against k1.
+# 5. shows MACL's adaptive temperature against the batch alignment;
+# 6. shows TCL's gradient magnitudes against k1.
 #
-# Figures go to `$CONTRASTIVE_JAX_FIGURES` (or a fresh temporary directory).
-# Run headlessly with `python examples/losses.py`, or open it as a notebook
-# with jupytext.
+# Open `01_losses.ipynb` in Jupyter, or run `jupytext --sync` after editing
+# the paired `01_losses.py`. Runs on CPU in about a minute.
 
 # %%
+import functools
 import os
 import sys
-import tempfile
 
-import matplotlib
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
 
-matplotlib.use('Agg')  # headless: figures are only saved
-import matplotlib.pyplot as plt  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-try:
-  ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-except NameError:  # inside Jupyter, started from examples/
-  ROOT = os.path.abspath('..')
-sys.path.insert(0, ROOT)
+# The repository root (this notebook lives in notebooks/).
+sys.path.insert(0, os.path.abspath('..'))
 from contrastive_jax import losses  # noqa: E402
-
-FIG_DIR = (os.environ.get('CONTRASTIVE_JAX_FIGURES')
-           or tempfile.mkdtemp(prefix='contrastive_jax_figs_'))
-os.makedirs(FIG_DIR, exist_ok=True)
-print('figures ->', FIG_DIR)
 
 # %% [markdown]
 # ## 1. Toy embeddings
@@ -88,7 +82,13 @@ def evaluate(name, z):
       else None,
       labels=jnp.asarray(labels) if 'labels' in accepted else None)
   extra = {'num_data': N} if name == 'insdis' else {}
-  return float(losses.apply(name, inputs, **extra)[0])
+  return float(jitted(name, **extra)(inputs)[0])
+
+
+@functools.cache
+def jitted(name, **hyperparameters):
+  """losses.apply(name, ...) compiled once per loss and hyperparameters."""
+  return jax.jit(lambda inputs: losses.apply(name, inputs, **hyperparameters))
 
 
 NOISES = (2.0, 1.0, 0.3)
@@ -113,7 +113,87 @@ decreasing = {name: bool(np.all(np.diff(vals) < 0))
 print(decreasing)
 
 # %% [markdown]
-# ## 2. CACR: weights against distance
+# ## 2. Gradients against finite differences
+#
+# For every loss: the derivative of the loss along a random direction u,
+# from `jax.grad`, against the central difference
+# (L(z + eps u) - L(z - eps u)) / (2 eps). The losses compute in float32, so
+# eps = 1e-2 balances the difference's rounding error (~1e-7 L / eps) against
+# its truncation error (~eps^2 times L's third derivative). The keys, queue
+# and labels are held fixed; z moves.
+#
+# MACL is the exception, by design: its temperature is a stop-gradient
+# function of the batch's alignment (Eq. 10), and its value is Eq. 14 while
+# its gradient is DCL's, so its gradient is not the derivative of its value.
+
+# %%
+def directional_derivatives(name, eps=1e-2):
+  z0 = toy_views(1.0)
+  accepted, required = losses.inputs_of(name)
+  keyed = 'key' in required
+  u = jnp.asarray(np.random.default_rng(2).normal(size=z0.shape), jnp.float32)
+  extra = {'num_data': N} if name == 'insdis' else {}
+
+  def value(z):
+    inputs = losses.LossInputs(
+        z=z[:, :1] if keyed else z, key=z0[:, 1:] if keyed else None,
+        queue=queue
+        if 'queue' in required or (keyed and 'queue' in accepted) else None,
+        labels=jnp.asarray(labels) if 'labels' in accepted else None)
+    return losses.apply(name, inputs, **extra)[0]
+
+  autodiff = float(jnp.vdot(jax.grad(value)(z0), u))
+  numeric = float((value(z0 + eps * u) - value(z0 - eps * u)) / (2 * eps))
+  return autodiff, numeric
+
+
+gradient_check = {name: directional_derivatives(name) for name in table}
+print(f'{"loss":<14}{"autodiff":>14}{"finite diff":>14}{"rel. error":>12}')
+for name, (a, f) in gradient_check.items():
+  note = '  (stop-gradient by design)' if name == 'macl' else ''
+  print(f'{name:<14}{a:>14.6f}{f:>14.6f}'
+        f'{abs(a - f) / max(abs(f), 1e-12):>12.1e}{note}')
+
+# %% [markdown]
+# ## 3. The similarity matrix and the temperature
+#
+# NT-Xent (SimCLR) scores each of the 2N views against the other 2N - 1 with
+# cosine similarity / tau; the positive of view i is the other view of the
+# same instance (the off-diagonal stripes below). The softmax over a row is
+# the probability the loss assigns to each candidate being the positive: a
+# small tau makes it peaked on the hardest candidates, a large tau spreads it
+# (Wang & Liu 2021's "uniformity-tolerance" trade-off).
+
+# %%
+z_sim = toy_views(1.0)
+flat = z_sim.transpose(1, 0, 2).reshape(2 * N, D)        # view-major rows
+unit = flat / jnp.linalg.norm(flat, axis=1, keepdims=True)
+similarity = np.asarray(unit @ unit.T)
+TAUS = (0.05, 0.2, 1.0)
+
+fig, axes = plt.subplots(1, 1 + len(TAUS), figsize=(16, 3.8))
+im = axes[0].imshow(similarity, cmap='RdBu_r', vmin=-1, vmax=1)
+axes[0].set_title('cosine similarity (2N views)')
+fig.colorbar(im, ax=axes[0], fraction=0.046)
+positive_probability = {}
+for ax, tau in zip(axes[1:], TAUS):
+  logits = similarity / tau - np.where(np.eye(2 * N), np.inf, 0.)
+  p = np.exp(logits - logits.max(1, keepdims=True))
+  p /= p.sum(1, keepdims=True)
+  partner = (np.arange(2 * N) + N) % (2 * N)
+  positive_probability[tau] = float(p[np.arange(2 * N), partner].mean())
+  ax.imshow(p, cmap='viridis')
+  ax.set_title(f'softmax rows, tau={tau}: '
+               f'p(positive)={positive_probability[tau]:.2f}')
+for ax in axes:
+  ax.set(xticks=[], yticks=[])
+plt.show()
+print('NT-Xent at these temperatures:',
+      {tau: round(float(losses.ntxent(z_sim, temperature=tau)[0]), 4)
+       for tau in TAUS})
+
+# %% [markdown]
+# ## 4. CACR: weights against distance
 #
 # CACR's repulsion weights are pi-_j = softmax_j(-t_neg ||q - n_j||^2) (hard
 # negatives get more weight), its attraction weights
@@ -161,8 +241,7 @@ axes[1].set(title='CACR attraction weights pi+', xlabel='||q - p||^2')
 for ax in axes:
   ax.legend()
 fig.tight_layout()
-fig.savefig(os.path.join(FIG_DIR, 'cacr_weights.png'))
-plt.close(fig)
+plt.show()
 
 # Repulsion weight as a function of cosine similarity (1 - d/2): increasing.
 cacr_similarity = 1. - sqdist / 2.
@@ -170,7 +249,7 @@ cacr_repulsion = cacr_weights(T_NEG, -1.)
 cacr_attraction = cacr_weights(1.0, +1.)
 
 # %% [markdown]
-# ## 3. MACL: adaptive temperature against alignment
+# ## 5. MACL: adaptive temperature against alignment
 #
 # MACL sets tau' = tau_0 alpha^m (variant a) or tau_0 (1 + beta m) (variant b),
 # with m the batch's mean positive cosine. Better alignment gives a larger
@@ -194,12 +273,11 @@ ax.set(xlabel='mean positive cosine m', ylabel="tau'",
        title='MACL adaptive temperature')
 ax.legend()
 fig.tight_layout()
-fig.savefig(os.path.join(FIG_DIR, 'macl_temperature.png'))
-plt.close(fig)
+plt.show()
 print(np.round(macl_m, 3), np.round(macl_tau['a'], 4))
 
 # %% [markdown]
-# ## 4. TCL: gradient magnitudes against k1
+# ## 6. TCL: gradient magnitudes against k1
 #
 # TCL adds k1 sum_p e^{-s_ip} to SupCon's denominator; a larger k1 should
 # strengthen the gradient from (hard) positives. We measure the norm of the
@@ -225,10 +303,5 @@ ax.semilogx(tcl_k1, tcl_pos_coef, 's-', label='pos_grad_coef')
 ax.set(xlabel='k1', title='TCL gradient magnitude')
 ax.legend()
 fig.tight_layout()
-fig.savefig(os.path.join(FIG_DIR, 'tcl_gradients.png'))
-plt.close(fig)
+plt.show()
 print(np.round(tcl_grad_norm, 4), np.round(tcl_pos_coef, 4))
-
-# %%
-figures = sorted(f for f in os.listdir(FIG_DIR) if f.endswith('.png'))
-print('saved:', figures)
