@@ -1,6 +1,6 @@
 """Forward+backward time of every registered loss against its matmul floor.
 
-For each entry of `contrastive_jax.losses.LOSSES` this builds inputs with a
+For each loss of `contrastive_jax.losses.names()` this builds inputs with a
 per-name builder (a loss without one is skipped with a printed reason), jits
 `value_and_grad` with respect to the trainable embeddings, and reports the
 median wall time after a warm-up next to the floor: fwd+bwd of the bare
@@ -151,7 +151,7 @@ def main(argv=None):
   if args.quick:
     args.sizes, args.queue, args.repeats = '256,1024', 8192, 2
   sizes = [int(s) for s in args.sizes.split(',')]
-  names = sorted(losses.LOSSES)
+  names = list(losses.names())
   if args.only:
     names = [n for n in names if n in args.only.split(',')]
 

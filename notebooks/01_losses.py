@@ -93,7 +93,7 @@ def jitted(name, **hyperparameters):
 
 NOISES = (2.0, 1.0, 0.3)
 table = {}
-for name in sorted(losses.LOSSES):
+for name in losses.names():
   try:
     table[name] = [evaluate(name, toy_views(s)) for s in NOISES]
   except Exception as e:  # a loss that needs other inputs is just listed

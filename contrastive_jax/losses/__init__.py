@@ -121,14 +121,24 @@ def apply(name: str, inputs: LossInputs, **hyperparameters):
   return fn(**kwargs, **hyperparameters)
 
 
+def _load_method_losses() -> None:
+  # A method module may register its own loss (methods/byol.py); load them
+  # all, lazily (they import this package, so not at import time).
+  from contrastive_jax import methods  # pylint: disable=g-import-not-at-top
+  for method in methods.names():
+    methods.get(method)
+
+
+def names() -> tuple[str, ...]:
+  """Every loss's name, the method modules' own included."""
+  _load_method_losses()
+  return tuple(sorted(LOSSES))
+
+
 def get_loss(name: str) -> Callable:
   """Returns the loss registered as `name`; ValueError listing the known ones."""
   if name not in LOSSES:
-    # A method module may register its own loss (methods/byol.py); load them
-    # all once, lazily (they import this package, so not at import time).
-    from contrastive_jax import methods  # pylint: disable=g-import-not-at-top
-    for method in methods.names():
-      methods.get(method)
+    _load_method_losses()
   try:
     return LOSSES[name]
   except KeyError:
