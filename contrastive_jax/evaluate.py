@@ -118,11 +118,15 @@ def _variables(state):
   return {'params': state.params, 'batch_stats': state.batch_stats}
 
 
+# Units of an evaluation bar the probe fills, in step with its iterations.
+PROBE_UNITS = 10
+
+
 def score(name: str, train: Features, test: Features, *, config, mesh,
           num_classes: int, bar=progress.NO_BAR) -> dict[str, float]:
   """kNN and linear-probe accuracy of one representation, keys prefixed.
 
-  `bar` advances by one after the kNN and one after the probe.
+  `bar` advances by one after the kNN and by PROBE_UNITS over the probe.
   """
   t0 = time.time()
   ev = config.eval
@@ -135,12 +139,20 @@ def score(name: str, train: Features, test: Features, *, config, mesh,
   out.update({f'{name}/{k}': float(v) for k, v in knn_res.items()})
   bar.update(1)
   bar.set_postfix_str('linear probe (L-BFGS)')
+  shown = [0]    # Probe units shown so far: PROBE_UNITS over max_iter.
+
+  def on_progress(iterations, max_iter):
+    units = PROBE_UNITS * iterations // max_iter
+    bar.update(units - shown[0])
+    shown[0] = units
+    bar.set_postfix_str(f'linear probe (L-BFGS), iteration {iterations}')
+
   lin = linear_probe.logistic_regression(
       train.x, train.label, test.x, test.label, num_classes=num_classes,
       l2=ev.linear_l2, max_iter=ev.linear_max_iter, train_mask=train.mask,
-      test_mask=test.mask)
+      test_mask=test.mask, on_progress=on_progress)
   out.update({f'{name}/linear_{k}': float(v) for k, v in lin.items()})
-  bar.update(1)
+  bar.update(PROBE_UNITS - shown[0])    # Converged early: the rest at once.
   bar.set_postfix_str('')
   # The headline numbers; results.json has every metric.
   logging.info('%s: %s (%.1f s)', name, ', '.join(
@@ -173,8 +185,9 @@ def evaluate_all(config, feature_fn, states: dict, train_data, test_data,
   results, embeddings = {}, {}
   bs = config.eval.batch_size
   for name, variables in reps.items():
-    # Units: every feature batch of both splits, then the kNN and the probe.
-    total = num_batches(train_data, bs) + num_batches(test_data, bs) + 2
+    # Units: every feature batch of both splits, the kNN, the probe's chunks.
+    total = (num_batches(train_data, bs) + num_batches(test_data, bs) + 1 +
+             PROBE_UNITS)
     with progress.bar(total, f'evaluating {name}', rate=False) as bar:
       train, test = (extract_features(feature_fn, variables, d, mesh, bs,
                                       bar=bar)

@@ -91,7 +91,8 @@ def bar(total: int, desc: str, *, initial: int = 0, unit: str = 'step',
         rate: bool = True):
   """A progress bar over `total` units (see the module docstring).
 
-  `rate=False` leaves out the units per second, for units of unequal cost.
+  `rate=False` leaves out the units per second and the time remaining: for
+  units of unequal cost, which would make both wrong.
   """
   if not enabled():
     yield NO_BAR
@@ -103,7 +104,7 @@ def bar(total: int, desc: str, *, initial: int = 0, unit: str = 'step',
             # Redraw at most twice a second: the bar never slows a step.
             mininterval=0.5,
             bar_format=None if rate else
-            '{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}'
+            '{desc}: {percentage:3.0f}%|{bar}| {elapsed}{postfix}'
             ) as b:
     handler.stream = _AboveBar()
     try:

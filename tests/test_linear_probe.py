@@ -161,3 +161,34 @@ def test_masked_rows_are_left_out_of_the_fit_and_the_accuracy():
   # at the optimum the objective is flat in them, so 1e-5 relative (~80 ulps)
   # bounds it; a counted padding row would move it by O(1).
   assert abs(got['loss'] - want['loss']) <= 1e-5 * abs(want['loss'])
+
+
+def test_lbfgs_in_chunks_follows_one_plain_loop_and_reports_progress():
+  """The fit runs in ~10 jitted chunks (for a progress bar); its iterates are
+  those of a plain, unjitted optax L-BFGS loop over the same objective."""
+  import jax.numpy as jnp
+  import optax
+  x, y = gaussian_mixture(1, 500)
+  xs = unit_rows(x).astype(np.float32)
+  calls = []
+  got = linear_probe.logistic_regression(
+      x, y, x[:50], y[:50], num_classes=8, l2=1e-3, max_iter=23, tol=0.,
+      on_progress=lambda it, total: calls.append((it, total)))
+  assert calls == [(i, 23) for i in (3, 6, 9, 12, 15, 18, 21, 23)]
+
+  def obj(p):
+    logits = jnp.asarray(xs) @ p['w'] + p['b']
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+    return jnp.mean(ce) + 0.5e-3 * jnp.sum(p['w'] ** 2)
+
+  p = {'w': jnp.zeros((20, 8)), 'b': jnp.zeros((8,))}
+  solver = optax.lbfgs()
+  state = solver.init(p)
+  for _ in range(23):
+    value, grad = optax.value_and_grad_from_state(obj)(p, state=state)
+    updates, state = solver.update(grad, state, p, value=value, grad=grad,
+                                   value_fn=obj)
+    p = optax.apply_updates(p, updates)
+  assert got['num_iter'] == 23
+  assert got['loss'] == pytest.approx(float(optax.tree.get(state, 'value')),
+                                      rel=1e-5)

@@ -63,27 +63,15 @@ def _check_xy(x, y, name):
 # ---------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=('num_classes', 'max_iter'))
-def _fit_logistic(x, y, mask, l2, tol, *, num_classes, max_iter):
-  """Minimises mean CE + l2 / 2 ||W||^2 (bias unpenalised) with L-BFGS.
+def _lbfgs_step(x, y, mask, l2):
+  """One L-BFGS iteration on (params, state) for mean CE + l2 / 2 ||W||^2
+  (bias unpenalised).
 
-  Args:
-    x: [N, D] float32 features (sharded by rows or not: under jit the
-      partitioner reduces the mean across devices and processes).
-    y: [N] int32 labels.
-    mask: [N] float32, 1 for real rows, 0 for padding (left out of the mean).
-    l2: L2 coefficient on the weights.
-    tol: stop when the gradient's L2 norm falls below this.
-    num_classes: C.
-    max_iter: at most this many L-BFGS iterations.
-
-  Returns:
-    (params {'w': [D, C], 'b': [C]}, final objective, iterations, grad norm).
+  x: [N, D] float32 features (sharded by rows or not: under jit the
+  partitioner reduces the mean across devices and processes); y: [N] int32
+  labels; mask: [N] float32, 1 for real rows, 0 for padding (left out of the
+  mean).
   """
-  d = x.shape[1]
-  params = {'w': jnp.zeros((d, num_classes), jnp.float32),
-            'b': jnp.zeros((num_classes,), jnp.float32)}
-
   def objective(p):
     logits = x @ p['w'] + p['b']
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
@@ -100,14 +88,50 @@ def _fit_logistic(x, y, mask, l2, tol, *, num_classes, max_iter):
                                    value_fn=objective)
     return optax.apply_updates(p, updates), state
 
+  return step
+
+
+@jax.jit
+def _lbfgs_until(carry, x, y, mask, l2, tol, until):
+  """L-BFGS iterations from `carry` until `until` in all or ||grad|| < tol.
+
+  `until` is traced: the chunks of one fit share one compilation.
+  """
   def not_done(carry):
     _, state = carry
     count = optax.tree.get(state, 'count')
     grad_norm = optax.tree.norm(optax.tree.get(state, 'grad'))
-    return (count == 0) | ((count < max_iter) & (grad_norm >= tol))
+    return (count == 0) | ((count < until) & (grad_norm >= tol))
 
-  params, state = jax.lax.while_loop(not_done, step,
-                                     (params, solver.init(params)))
+  return jax.lax.while_loop(not_done, _lbfgs_step(x, y, mask, l2), carry)
+
+
+def _fit_logistic(x, y, mask, l2, tol, *, num_classes, max_iter,
+                  on_progress=None):
+  """Minimises the probe's objective (`_lbfgs_step`) with L-BFGS from zero.
+
+  Runs in ~10 jitted chunks of iterations, so that `on_progress(iterations,
+  max_iter)` can report after each; the iterates are those of one loop.
+
+  Returns:
+    (params {'w': [D, C], 'b': [C]}, final objective, iterations, grad norm).
+  """
+  d = x.shape[1]
+  params = {'w': jnp.zeros((d, num_classes), jnp.float32),
+            'b': jnp.zeros((num_classes,), jnp.float32)}
+  carry = (params, optax.lbfgs().init(params))
+  chunk = max(1, -(-max_iter // 10))
+  for until in range(chunk, max_iter + chunk, chunk):
+    until = min(until, max_iter)
+    carry = _lbfgs_until(carry, x, y, mask, l2, tol, jnp.int32(until))
+    count, grad_norm = jax.device_get(
+        (optax.tree.get(carry[1], 'count'),
+         optax.tree.norm(optax.tree.get(carry[1], 'grad'))))
+    if on_progress is not None:
+      on_progress(int(count), max_iter)
+    if count < until or grad_norm < tol:   # Converged before the cap.
+      break
+  params, state = carry
   return (params, optax.tree.get(state, 'value'),
           optax.tree.get(state, 'count'),
           optax.tree.norm(optax.tree.get(state, 'grad')))
@@ -131,7 +155,8 @@ def _probe_accuracies(params, x, y, train_mask, tx, ty, test_mask):
 def logistic_regression(train_x, train_y, test_x, test_y, *, num_classes: int,
                         l2: float = 1e-5, normalize: bool = True,
                         max_iter: int = 100, tol: float = 1e-5,
-                        train_mask=None, test_mask=None) -> dict[str, float]:
+                        train_mask=None, test_mask=None,
+                        on_progress=None) -> dict[str, float]:
   """Multinomial logistic-regression probe (full batch, L-BFGS, in JAX).
 
   Minimises  mean_i CE(W x_i + b, y_i) + l2 / 2 * ||W||_F^2  (the bias is not
@@ -156,6 +181,8 @@ def logistic_regression(train_x, train_y, test_x, test_y, *, num_classes: int,
     train_mask, test_mask: [N] / [M] bool, False for padding rows (the
       padded tails of a multi-process feature array); default all real.
       Features and labels may be global jax Arrays sharded over processes.
+    on_progress: called as on_progress(iterations so far, max_iter) about
+      ten times during the fit (a progress bar).
 
   Returns:
     {'top1', 'top5': test accuracy, 'train_top1', 'loss': final training
@@ -169,7 +196,8 @@ def logistic_regression(train_x, train_y, test_x, test_y, *, num_classes: int,
   test_mask = _mask(test_mask, np.shape(test_y)[0])
   params, value, count, grad_norm = _fit_logistic(
       x, y, train_mask, jnp.float32(l2), jnp.float32(tol),
-      num_classes=int(num_classes), max_iter=int(max_iter))
+      num_classes=int(num_classes), max_iter=int(max_iter),
+      on_progress=on_progress)
   tx = _prepare(test_x, normalize)
   ty = jnp.asarray(test_y, jnp.int32)
   top1, top5, train_top1 = _probe_accuracies(params, x, y, train_mask, tx, ty,
