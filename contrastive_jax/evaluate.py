@@ -145,7 +145,8 @@ def score(name: str, train: Features, test: Features, *, config, mesh,
     units = PROBE_UNITS * iterations // max_iter
     bar.update(units - shown[0])
     shown[0] = units
-    bar.set_postfix_str(f'linear probe (L-BFGS), iteration {iterations}')
+    bar.set_postfix_str(f'linear probe (L-BFGS), iteration {iterations}'
+                        f'/{max_iter}')
 
   lin = linear_probe.logistic_regression(
       train.x, train.label, test.x, test.label, num_classes=num_classes,
