@@ -81,6 +81,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.head_hidden_dim = 512
   config.model.head_out_dim = 128
   config.model.head_layers = 2
+  # Compute dtype of the conv and dense layers: 'float32', or 'bfloat16' for
+  # mixed precision (parameters, optimizer state, BN statistics, features and
+  # the loss stay float32; models.py).
+  config.model.dtype = 'float32'
 
   # A loss from contrastive_jax.losses.LOSSES and its keyword arguments.
   config.loss = 'ntxent'
@@ -103,6 +107,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.moco.key_views = (1,)              # Views through the key encoder.
   config.moco.queue_size = 0                # 0: no queue; else % batch_size.
   config.moco.shuffle_bn = False            # Key encoder: per-device shuffle-BN.
+  # > 0: a predictor MLP (this hidden width, out head_out_dim) on the query
+  # branch, MoCo v3's and BYOL's; 0: none (MoCo v1/v2).
+  config.moco.predictor_hidden_dim = 0
   # What enters the queue: 'first' key view (MoCo) or 'mean' of the
   # normalised key views (JCL's key means).
   config.moco.enqueue_keys = 'first'

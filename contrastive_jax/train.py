@@ -72,14 +72,14 @@ def learning_rate_schedule(config, total_steps: int) -> optax.Schedule:
       decay_steps=max(total_steps, warmup + 1), end_value=0.)
 
 
-def create_optimizer(config, total_steps: int) -> optax.GradientTransformation:
-  """The configured optimizer on `learning_rate_schedule`.
+def create_optimizer(config, schedule: optax.Schedule
+                     ) -> optax.GradientTransformation:
+  """The configured optimizer on `schedule` (`learning_rate_schedule`).
 
   Weight decay skips biases and BatchNorm scales/offsets (1-D leaves), as is
   standard for SimCLR/MoCo-style training.
   """
   opt = config.optimizer
-  schedule = learning_rate_schedule(config, total_steps)
   decay_mask = lambda params: jax.tree.map(lambda p: p.ndim > 1, params)
   if opt.name == 'adamw':
     return optax.adamw(schedule, weight_decay=opt.weight_decay,
@@ -319,7 +319,8 @@ def build(config, mesh, *, total_steps: int, steps_per_epoch: int,
       num_epochs=float(config.num_epochs))
   method = methods.get(config.method).from_config(config, ctx)
   model = create_model(config)
-  tx = create_optimizer(config, total_steps)
+  learning_rate = learning_rate_schedule(config, total_steps)
+  tx = create_optimizer(config, learning_rate)
   loss = Loss.from_config(config, method, ctx)
   probe = (OnlineProbe(num_classes, float(config.online.probe_learning_rate))
            if config.online.linear_probe and num_classes > 1 else None)
@@ -337,7 +338,7 @@ def build(config, mesh, *, total_steps: int, steps_per_epoch: int,
                     replicated),
       out_shardings=(shardings, replicated), donate_argnums=(0,))
   return Setup(model=model, tx=tx,
-               learning_rate=learning_rate_schedule(config, total_steps),
+               learning_rate=learning_rate,
                method=method, loss=loss, probe=probe,
                init_fn=jax.jit(init, out_shardings=shardings),
                step_fn=step_fn, shardings=shardings)
@@ -350,12 +351,19 @@ def _check_workdir(config, workdir: str) -> None:
   if os.path.exists(path):
     with open(path) as f:
       previous = json.load(f)
-    if previous != current:
-      flat_prev, flat_cur = _flatten(previous), _flatten(current)
-      diff = ', '.join(
-          f'{k}: {flat_prev.get(k)!r} -> {flat_cur.get(k)!r}'
-          for k in sorted(set(flat_prev) | set(flat_cur))
-          if flat_prev.get(k) != flat_cur.get(k))
+    flat_prev, flat_cur = _flatten(previous), _flatten(current)
+    # Options added to the code since the run started are absent from its
+    # config.json; new options default to the old behaviour, so they are
+    # accepted (and said), not taken for a different config.
+    added = sorted(set(flat_cur) - set(flat_prev))
+    if added:
+      logging.info('%s predates the options %s; resuming with their current '
+                   'values.', path, ', '.join(
+                       f'{k}={flat_cur[k]!r}' for k in added))
+    diff = ', '.join(
+        f'{k}: {flat_prev.get(k)!r} -> {flat_cur.get(k)!r}'
+        for k in sorted(flat_prev) if flat_prev.get(k) != flat_cur.get(k))
+    if diff:
       raise ValueError(
           f'workdir {workdir!r} holds a run of a different config ({diff}). '
           'Use a new --workdir, or delete '
