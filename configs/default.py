@@ -158,4 +158,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval.linear_l2 = 1e-5
   config.eval.linear_max_iter = 300
   config.eval.baselines = True              # Also score raw pixels, random init.
+  # The papers' linear evaluation of the trained encoder, besides the fast
+  # L-BFGS probe above: a preset of contrastive_jax/evaluators/linear_eval.py
+  # ('simclr', 'moco', 'cacr_small', 'tcl', 'macl'): a linear classifier
+  # trained by SGD/Adam on augmented images through the frozen encoder,
+  # streamed like pretraining. '' (default): off. Epochs and batch size
+  # override the preset's when > 0 (the lr follows the batch linearly).
+  config.eval.linear_eval = ''
+  config.eval.linear_eval_epochs = 0
+  config.eval.linear_eval_batch_size = 0
   return config

@@ -43,6 +43,7 @@ from jax.sharding import PartitionSpec as P
 from contrastive_jax import checkpointing
 from contrastive_jax import evaluate
 from contrastive_jax.evaluators import diagnostics
+from contrastive_jax.evaluators import linear_eval
 from contrastive_jax import losses
 from contrastive_jax import methods
 from contrastive_jax import models
@@ -405,6 +406,15 @@ def validate_config(config, num_devices: int | None = None) -> None:
                        f'keyword argument {name!r}.')
     schedules.build(kind, 0., total_steps=1, steps_per_epoch=1, num_epochs=1,
                     name=f'config.loss_schedules.{name}')
+  ev = config.eval
+  if ev.linear_eval:
+    cfg = linear_eval.get_config(ev.linear_eval,
+                                 batch_size=ev.linear_eval_batch_size)
+    if cfg.batch_size % n:
+      raise ValueError(f'the {ev.linear_eval!r} linear evaluation batch '
+                       f'{cfg.batch_size} is not divisible by the {n} '
+                       'devices; set config.eval.linear_eval_batch_size to a '
+                       f'multiple of {n}.')
   ds = config.dataset
   if not isinstance(ds.validation_size, int) or ds.validation_size < 0:
     raise ValueError(f'config.dataset.validation_size={ds.validation_size!r} '
@@ -424,6 +434,26 @@ def validate_config(config, num_devices: int | None = None) -> None:
   if (ds.validation_size or ds.imbalance != 'none') and not ds.in_memory:
     raise ValueError('config.dataset.validation_size and .imbalance need '
                      'config.dataset.in_memory=True.')
+
+
+def check_data_sizes(config, num_train: int) -> None:
+  """What needs the training-set size, checked before any training."""
+  ks = tuple(config.eval.knn_ks)
+  if max(ks) > num_train:
+    raise ValueError(f'config.eval.knn_ks={ks} asks for more neighbours than '
+                     f'the {num_train} training examples (the kNN bank); '
+                     f'use values <= {num_train}.')
+  ev = config.eval
+  if ev.linear_eval:
+    batch = min(linear_eval.get_config(
+        ev.linear_eval, batch_size=ev.linear_eval_batch_size).batch_size,
+                num_train)
+    if batch % jax.device_count():
+      raise ValueError(
+          f'the linear evaluation batch would be {batch} (the training '
+          f'set\'s size), not divisible by the {jax.device_count()} devices; '
+          'set config.eval.linear_eval_batch_size to a multiple of them below '
+          f'{num_train}.')
 
 
 def load_data(config):
@@ -485,6 +515,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   validate_config(config)
   _check_workdir(config, workdir)
   train_data, test_data = data if data is not None else load_data(config)
+  check_data_sizes(config, len(train_data))
   logging.info('Data: %d training and %d evaluation examples of shape %s; '
                'compiling the step.', len(train_data), len(test_data),
                tuple(train_data.image_shape))
@@ -612,6 +643,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       # The donated initial state is gone; init is deterministic, so redo it.
       config, feature_fn, {'trained': state, 'random_init': setup.init_fn(init_rng)},
       train_data, test_data, mesh)
+  if config.eval.linear_eval:
+    # The papers' protocol, trained encoder only (epochs of encoder forwards).
+    results.update(evaluate.papers_linear_eval(
+        config, setup.model, evaluate.variables_of(state), train_data,
+        test_data, mesh))
   results.update(steps=total_steps, train_seconds=round(train_seconds, 1),
                  resumed_from_step=restored_step)
   logged = [h for h in history if 'loss' in h]
