@@ -81,6 +81,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.head_hidden_dim = 512
   config.model.head_out_dim = 128
   config.model.head_layers = 2
+  config.model.head_batch_norm = True       # False: MoCo v2's head (no BN).
   # Compute dtype of the conv and dense layers: 'float32', or 'bfloat16' for
   # mixed precision (parameters, optimizer state, BN statistics, features and
   # the loss stay float32; models.py).
@@ -128,6 +129,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.weight_decay = 1e-4
   config.optimizer.momentum = 0.9           # sgd and lars only.
   config.optimizer.warmup_fraction = 0.05   # Of all steps.
+  # After the warmup: 'cosine' decay to 0, or 'step': x lr_decay at each of
+  # decay_epochs (InsDis, MoCo v1: x0.1 at epochs 120 and 160 of 200).
+  config.optimizer.schedule = 'cosine'
+  config.optimizer.decay_epochs = ()
+  config.optimizer.lr_decay = 0.1
 
   config.batch_size = 256                   # Instances; each gives num_views.
   config.num_epochs = 4.0

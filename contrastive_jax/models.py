@@ -62,20 +62,26 @@ class SmallCNN(nn.Module):
 
 
 class ProjectionHead(nn.Module):
-  """SimCLR's MLP head: (num_layers - 1) x [Dense, BN, ReLU], then Dense."""
+  """SimCLR's MLP head: (num_layers - 1) x [Dense, BN, ReLU], then Dense.
+
+  `batch_norm=False` gives MoCo v2's head: [Dense (with bias), ReLU] hidden
+  layers, no BatchNorm.
+  """
   hidden_dim: int = 512
   out_dim: int = 128
   num_layers: int = 2
+  batch_norm: bool = True
   dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, h, *, train: bool):
     x = h
     for i in range(self.num_layers - 1):
-      x = nn.Dense(self.hidden_dim, use_bias=False, dtype=self.dtype,
-                   name=f'dense{i}')(x)
-      x = nn.BatchNorm(use_running_average=not train, momentum=0.9,
-                       dtype=self.dtype, name=f'bn{i}')(x)
+      x = nn.Dense(self.hidden_dim, use_bias=not self.batch_norm,
+                   dtype=self.dtype, name=f'dense{i}')(x)
+      if self.batch_norm:
+        x = nn.BatchNorm(use_running_average=not train, momentum=0.9,
+                         dtype=self.dtype, name=f'bn{i}')(x)
       x = nn.relu(x)
     return nn.Dense(self.out_dim, dtype=self.dtype,
                     name=f'dense{self.num_layers - 1}')(x)
@@ -165,7 +171,9 @@ def create_model(config) -> ContrastiveModel:
   encoder = ENCODERS[name](**config.model.encoder_kwargs, dtype=dtype)
   head = ProjectionHead(hidden_dim=config.model.head_hidden_dim,
                         out_dim=config.model.head_out_dim,
-                        num_layers=config.model.head_layers, dtype=dtype)
+                        num_layers=config.model.head_layers,
+                        batch_norm=config.model.get('head_batch_norm', True),
+                        dtype=dtype)
   return ContrastiveModel(encoder=encoder, head=head)
 
 

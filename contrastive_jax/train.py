@@ -63,14 +63,32 @@ create_mesh = runtime.create_mesh
 
 
 def learning_rate_schedule(config, total_steps: int) -> optax.Schedule:
-  """Step -> learning rate: linear warmup, then cosine decay to 0."""
+  """Step -> learning rate: linear warmup, then cosine decay to 0 or steps.
+
+  `config.optimizer.schedule`: 'cosine' (SimCLR, MoCo v2/v3) or 'step'
+  (InsDis, MoCo v1: multiplied by `lr_decay` at each of `decay_epochs`).
+  """
   opt = config.optimizer
   # Linear scaling rule (Goyal et al. 2017): lr = base_lr * batch / 256.
   peak = opt.base_learning_rate * config.batch_size / 256
   warmup = int(opt.warmup_fraction * total_steps)
-  return optax.warmup_cosine_decay_schedule(
-      init_value=0., peak_value=peak, warmup_steps=max(warmup, 1),
-      decay_steps=max(total_steps, warmup + 1), end_value=0.)
+  kind = opt.get('schedule', 'cosine')   # .get: configs from before 'step'.
+  if kind == 'cosine':
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0., peak_value=peak, warmup_steps=max(warmup, 1),
+        decay_steps=max(total_steps, warmup + 1), end_value=0.)
+  if kind != 'step':
+    raise ValueError(f'config.optimizer.schedule={kind!r}; known: cosine, '
+                     'step.')
+  steps_per_epoch = total_steps / float(config.num_epochs)
+  steps = optax.piecewise_constant_schedule(peak, {
+      int(round(e * steps_per_epoch)): opt.lr_decay
+      for e in opt.decay_epochs})
+  if not warmup:
+    return steps
+  return optax.join_schedules(
+      [optax.linear_schedule(0., peak, warmup),
+       lambda step: steps(step + warmup)], [warmup])
 
 
 def create_optimizer(config, schedule: optax.Schedule
@@ -406,6 +424,9 @@ def validate_config(config, num_devices: int | None = None) -> None:
                        f'keyword argument {name!r}.')
     schedules.build(kind, 0., total_steps=1, steps_per_epoch=1, num_epochs=1,
                     name=f'config.loss_schedules.{name}')
+  if config.optimizer.schedule not in ('cosine', 'step'):
+    raise ValueError(f'config.optimizer.schedule='
+                     f'{config.optimizer.schedule!r}; known: cosine, step.')
   ev = config.eval
   if ev.linear_eval:
     cfg = linear_eval.get_config(ev.linear_eval,
@@ -443,6 +464,9 @@ def check_data_sizes(config, num_train: int) -> None:
     raise ValueError(f'config.eval.knn_ks={ks} asks for more neighbours than '
                      f'the {num_train} training examples (the kNN bank); '
                      f'use values <= {num_train}.')
+  if config.optimizer.schedule not in ('cosine', 'step'):
+    raise ValueError(f'config.optimizer.schedule='
+                     f'{config.optimizer.schedule!r}; known: cosine, step.')
   ev = config.eval
   if ev.linear_eval:
     batch = min(linear_eval.get_config(
