@@ -73,6 +73,10 @@ def learning_rate_schedule(config, total_steps: int) -> optax.Schedule:
   peak = opt.base_learning_rate * config.batch_size / 256
   warmup = int(opt.warmup_fraction * total_steps)
   kind = opt.get('schedule', 'cosine')   # .get: configs from before 'step'.
+  if kind == 'cosine' and not opt.warmup_fraction:
+    # No warmup configured (MoCo v2): the peak from step 0. (A warmup that
+    # rounds to 0 steps keeps optax's 1-step warmup, as runs always have.)
+    return optax.cosine_decay_schedule(peak, max(total_steps, 1))
   if kind == 'cosine':
     return optax.warmup_cosine_decay_schedule(
         init_value=0., peak_value=peak, warmup_steps=max(warmup, 1),
