@@ -84,6 +84,11 @@ PRESETS: dict[str, ProbeConfig] = {
     'simclr': ProbeConfig(optimizer='sgd', lr=1.6, epochs=90, batch_size=4096,
                           momentum=0.9, nesterov=True, schedule='cosine',
                           view=_CROP_FLIP),
+    # The CIFAR configs (configs/papers): solo-learn's linear evaluation of
+    # its CIFAR models, SGD lr 0.1, batch 256, 100 epochs, cosine, no weight
+    # decay, RandomResizedCrop(32, 0.08-1) + flip.
+    'cifar': ProbeConfig(optimizer='sgd', lr=0.1, epochs=100, batch_size=256,
+                         momentum=0.9, schedule='cosine', view=_CROP_FLIP),
     # CACR's small-scale code: Adam(0.5, 0.999), lr 1e-3, batch 128, 100
     # epochs, x0.2 at 60 and 80; RandomResizedCrop(scale 0.2-1) + flip.
     'cacr_small': ProbeConfig(
