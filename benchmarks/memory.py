@@ -2,8 +2,8 @@ r"""Will it fit? Per-device memory of the paper-scale ImageNet steps.
 
 Run from the repository root (compiles, never runs, the steps):
 
-    PYTHONPATH=. .venv/bin/python benchmarks/memory.py
-    PYTHONPATH=. .venv/bin/python benchmarks/memory.py --methods=simclr \
+    .venv/bin/python -m benchmarks.memory
+    .venv/bin/python -m benchmarks.memory --methods=simclr \
         --per_device=512,128 --dtypes=bfloat16
 
 For each configs/papers/<method>.py:imagenet (ResNet-50, 224 px, the paper's
@@ -18,11 +18,19 @@ batch (the state is replicated, the queue is sharded: its share shrinks
 with more devices), so one row answers for every mesh with that per-device
 batch: SimCLR's batch 4096 is 512 per device on 8 devices, 128 on 32.
 
-What the numbers are. XLA:CPU's buffer assignment for the same program: the
-accelerator compilers fuse and lay out differently (TPU's fusion usually
-needs less; GPU's cuDNN workspaces more), so treat the figures as a +-25%
-estimate, and compile on the target with `jax.jit(...).lower(...).compile()
-.memory_analysis()` (what this script calls) before a long launch.
+What the numbers are. XLA:CPU's buffer assignment for the same program. The
+GPU and TPU compilers fuse convolutions with BatchNorm and elementwise ops
+and keep fewer temporaries, so expect an accelerator to need less than
+printed (how much less was not measured: no accelerator here); compile on
+the target with `jax.jit(...).lower(...).compile().memory_analysis()` (what
+this script calls) before a long launch. A consistency check against what is
+known to fit: SimCLR trained batch 4096 on 128 TPU v3 cores, 32 images per
+core in 16 GB; here per-device batch 32 needs 9.4 GiB. bf16 rows: XLA:CPU
+has no native bf16 convolution, and its converts keep float32 copies next to
+the bf16 ones, so here bf16 needs *more* than float32 (measured: 145 vs 128
+GiB at 512 per device); on GPUs and TPUs bf16 activations take half the
+bytes. Read the float32 rows as the CPU's estimate, and halve the
+activations for bf16 on an accelerator as a rule of thumb.
 """
 
 from __future__ import annotations
@@ -113,6 +121,8 @@ def main():
               f'{m["temporaries"] / GIB:>8.2f}{peak / GIB:>8.2f}  '
               f'{", ".join(fits) or "none of " + ", ".join(TARGETS)}'
               f'   (compiled in {m["compile_seconds"]:.0f} s)', flush=True)
+  print('XLA:CPU estimates; bf16 rows overstate (no native bf16 convolution on '
+        'CPU; see the module docstring).')
 
 
 if __name__ == '__main__':

@@ -53,13 +53,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.method = 'in_batch'
     config.loss_kwargs = ml_collections.ConfigDict(
         {'t_pos': 1.0, 't_neg': 0.9, 'negatives': 'cross_view'})
-    config.batch_size = 256
-    config.num_epochs = 400.
-    config.optimizer.name = 'adamw'
-    config.optimizer.base_learning_rate = 1e-3
-    config.optimizer.weight_decay = 1e-6
-    config.optimizer.warmup_fraction = 0.
-    config.optimizer.schedule = 'step'    # No decay: a constant lr.
-    config.model.head_hidden_dim, config.model.head_out_dim = 512, 128
+    common.adam_small(config, epochs=400.)
     config.eval.linear_eval = 'cacr_small'
   return config

@@ -41,14 +41,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if scale == 'imagenet':
     common.lars_simclr(config, epochs=100.)
   else:
-    config.batch_size = 256
-    config.num_epochs = 200.
-    config.optimizer.name = 'adamw'
-    config.optimizer.base_learning_rate = 1e-3
-    config.optimizer.weight_decay = 1e-6
-    config.optimizer.warmup_fraction = 0.
-    config.optimizer.schedule = 'step'    # No decay: the paper's fixed lr.
-    config.model.head_hidden_dim, config.model.head_out_dim = 512, 128
+    common.adam_small(config, epochs=200.)
     config.augment.preset = 'cifar_small'
     config.augment.overrides = ({'crop_scale': (0.08, 1.0)},)
     config.eval.knn_ks = (200,)
