@@ -162,7 +162,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval.knn_temperature = 0.1
   # ~ scikit-learn LogisticRegression(C=1) on 60k examples (l2 = 1 / N).
   config.eval.linear_l2 = 1e-5
-  config.eval.linear_max_iter = 300
+  config.eval.linear_max_iter = 300          # 0: no fast (L-BFGS) probe.
   config.eval.baselines = True              # Also score raw pixels, random init.
   # The papers' linear evaluation of the trained encoder, besides the fast
   # L-BFGS probe above: a preset of contrastive_jax/evaluators/linear_eval.py

@@ -149,11 +149,12 @@ def score(name: str, train: Features, test: Features, *, config, mesh,
     bar.set_postfix_str(f'linear probe (L-BFGS), iteration {iterations}'
                         f'/{max_iter}')
 
-  lin = linear_probe.logistic_regression(
-      train.x, train.label, test.x, test.label, num_classes=num_classes,
-      l2=ev.linear_l2, max_iter=ev.linear_max_iter, train_mask=train.mask,
-      test_mask=test.mask, on_progress=on_progress)
-  out.update({f'{name}/linear_{k}': float(v) for k, v in lin.items()})
+  if ev.linear_max_iter > 0:    # 0: no fast probe (e.g. when the papers'
+    lin = linear_probe.logistic_regression(     # linear evaluation runs).
+        train.x, train.label, test.x, test.label, num_classes=num_classes,
+        l2=ev.linear_l2, max_iter=ev.linear_max_iter, train_mask=train.mask,
+        test_mask=test.mask, on_progress=on_progress)
+    out.update({f'{name}/linear_{k}': float(v) for k, v in lin.items()})
   bar.update(PROBE_UNITS - shown[0])    # Converged early: the rest at once.
   bar.set_postfix_str('')
   # The headline numbers; results.json has every metric.
@@ -347,6 +348,9 @@ def summary(results: dict, workdir: str) -> str:
     knn_v = results.get(f'{n}/{knn_key}', float('nan'))
     lin_v = results.get(f'{n}/linear_top1', float('nan'))
     lines.append(f'{n:<16}{100 * knn_v:>25.2f}%{100 * lin_v:>13.2f}%')
+  if 'trained/linear_eval_top1' in results:
+    lines.append(f'{"trained, the papers\' linear evaluation":<42}'
+                 f'{100 * results["trained/linear_eval_top1"]:>21.2f}%')
   lines += ['-' * 64,
             f'steps {results.get("steps")}, training {results.get("train_seconds")}'
             f' s, {results.get("images_per_sec", float("nan")):.0f} images/s, '
