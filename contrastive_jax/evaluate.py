@@ -349,7 +349,8 @@ def summary(results: dict, workdir: str) -> str:
     lin_v = results.get(f'{n}/linear_top1', float('nan'))
     lines.append(f'{n:<16}{100 * knn_v:>25.2f}%{100 * lin_v:>13.2f}%')
   if 'trained/linear_eval_top1' in results:
-    lines.append(f'{"trained, the papers\' linear evaluation":<42}'
+    label = "trained, the papers' linear evaluation"
+    lines.append(f'{label:<42}'
                  f'{100 * results["trained/linear_eval_top1"]:>21.2f}%')
   lines += ['-' * 64,
             f'steps {results.get("steps")}, training {results.get("train_seconds")}'
