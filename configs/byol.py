@@ -34,5 +34,5 @@ def get_config() -> ml_collections.ConfigDict:
   config.moco.query_views = (0, 1)
   config.moco.key_views = (1, 0)      # Query view v regresses on view 1 - v.
   config.moco.queue_size = 0
-  config.byol = ml_collections.ConfigDict({'predictor_hidden_dim': 512})
+  config.moco.predictor_hidden_dim = 512
   return config

@@ -81,6 +81,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.head_hidden_dim = 512
   config.model.head_out_dim = 128
   config.model.head_layers = 2
+  config.model.head_batch_norm = True       # False: MoCo v2's head (no BN).
+  # Compute dtype of the conv and dense layers: 'float32', or 'bfloat16' for
+  # mixed precision (parameters, optimizer state, BN statistics, features and
+  # the loss stay float32; models.py).
+  config.model.dtype = 'float32'
 
   # A loss from contrastive_jax.losses.LOSSES and its keyword arguments.
   config.loss = 'ntxent'
@@ -103,6 +108,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.moco.key_views = (1,)              # Views through the key encoder.
   config.moco.queue_size = 0                # 0: no queue; else % batch_size.
   config.moco.shuffle_bn = False            # Key encoder: per-device shuffle-BN.
+  # > 0: a predictor MLP (this hidden width, out head_out_dim) on the query
+  # branch, MoCo v3's and BYOL's; 0: none (MoCo v1/v2).
+  config.moco.predictor_hidden_dim = 0
   # What enters the queue: 'first' key view (MoCo) or 'mean' of the
   # normalised key views (JCL's key means).
   config.moco.enqueue_keys = 'first'
@@ -121,6 +129,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.weight_decay = 1e-4
   config.optimizer.momentum = 0.9           # sgd and lars only.
   config.optimizer.warmup_fraction = 0.05   # Of all steps.
+  # After the warmup: 'cosine' decay to 0, or 'step': x lr_decay at each of
+  # decay_epochs (InsDis, MoCo v1: x0.1 at epochs 120 and 160 of 200).
+  config.optimizer.schedule = 'cosine'
+  config.optimizer.decay_epochs = ()
+  config.optimizer.lr_decay = 0.1
 
   config.batch_size = 256                   # Instances; each gives num_views.
   config.num_epochs = 4.0
@@ -149,6 +162,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval.knn_temperature = 0.1
   # ~ scikit-learn LogisticRegression(C=1) on 60k examples (l2 = 1 / N).
   config.eval.linear_l2 = 1e-5
-  config.eval.linear_max_iter = 300
+  config.eval.linear_max_iter = 300          # 0: no fast (L-BFGS) probe.
   config.eval.baselines = True              # Also score raw pixels, random init.
+  # The papers' linear evaluation of the trained encoder, besides the fast
+  # L-BFGS probe above: a preset of contrastive_jax/evaluators/linear_eval.py
+  # ('simclr', 'moco', 'cacr_small', 'tcl', 'macl'): a linear classifier
+  # trained by SGD/Adam on augmented images through the frozen encoder,
+  # streamed like pretraining. '' (default): off. Epochs and batch size
+  # override the preset's when > 0 (the lr follows the batch linearly).
+  config.eval.linear_eval = ''
+  config.eval.linear_eval_epochs = 0
+  config.eval.linear_eval_batch_size = 0
   return config

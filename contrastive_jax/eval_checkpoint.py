@@ -10,8 +10,9 @@ BatchNorm, un-augmented images):
 * weighted and majority kNN for several k (`--knn_ks` plus the run's own
   `config.eval.knn_ks`, so the run's number is reproduced);
 * the logistic-regression probe of train.py (`config.eval.linear_*`);
-* optionally the minibatch SGD/Adam probe with a named preset
-  (`--probe_preset`, see evaluators/linear_probe.PRESETS);
+* optionally the papers' linear evaluation with a named preset
+  (`--probe_preset`, see evaluators/linear_eval.PRESETS): a classifier
+  trained by SGD/Adam on augmented images through the frozen encoder;
 * diagnostics on the projection (the space the loss saw) and the backbone
   features: Wang & Isola's alignment and uniformity on two augmented views
   of every test image (the run's augmentation preset), CACR's conditional
@@ -55,6 +56,7 @@ from contrastive_jax import runtime
 from contrastive_jax import train
 from contrastive_jax.evaluators import diagnostics
 from contrastive_jax.evaluators import knn
+from contrastive_jax.evaluators import linear_eval
 from contrastive_jax.evaluators import linear_probe
 from input_pipeline import augment
 from input_pipeline import pipeline
@@ -216,7 +218,8 @@ def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
     step: checkpoint step; None takes the newest readable one.
     knn_ks: neighbour counts, merged with the run's `config.eval.knn_ks`;
       values above the training-set size are dropped.
-    probe_preset: name in `linear_probe.PRESETS` to also train that probe.
+    probe_preset: name in `linear_eval.PRESETS`: also run that linear
+      evaluation (results 'probe_<preset>_top1', ...).
     probe_epochs: override of the preset's epochs (quick looks, tests).
     cacr_t_neg: t^- of the conditional-entropy diagnostic (CACR K=1 CIFAR-10
       value; the paper does not say which t^- its baseline curves used).
@@ -263,15 +266,12 @@ def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
       train_mask=train_f.mask, test_mask=test_f.mask)
   results.update({f'linear_{k}': float(v) for k, v in lin.items()})
   if probe_preset:
-    kw = {} if probe_epochs is None else {'epochs': probe_epochs}
-    # The minibatch probe runs on host copies of the features.
-    train_x, train_y = _to_host(train_f.x, train_f.label, mask=train_f.mask)
-    test_x, test_y = _to_host(test_f.x, test_f.label, mask=test_f.mask)
-    probe = linear_probe.train_linear_probe(
-        train_x, train_y, test_x, test_y,
-        num_classes=num_classes, preset=probe_preset, seed=seed, **kw)
-    results.update({f'probe_{probe_preset}/{k}': v for k, v in probe.items()
-                    if isinstance(v, (int, float))})
+    # The papers' protocol: SGD/Adam on augmented images through the frozen
+    # encoder, streamed (evaluators/linear_eval.py).
+    results.update(evaluate.papers_linear_eval(
+        config, model, variables, train_data, test_data, mesh,
+        preset=probe_preset, epochs=probe_epochs or 0,
+        prefix=f'probe_{probe_preset}'))
 
   # Diagnostics on two augmented views of every test image: the run's first
   # two views, its per-view overrides included (multi-crop presets start
@@ -323,8 +323,8 @@ flags.DEFINE_string('outdir', None, 'Output directory (default workdir/eval).')
 flags.DEFINE_integer('step', None, 'Checkpoint step (default: newest).')
 flags.DEFINE_list('knn_ks', ['10', '20', '200'], 'kNN neighbour counts.')
 flags.DEFINE_string('probe_preset', None,
-                    'Also train the SGD/Adam linear probe with this preset '
-                    f'({", ".join(sorted(linear_probe.PRESETS))}).')
+                    "Also run the papers' linear evaluation with this preset "
+                    f'({", ".join(sorted(linear_eval.PRESETS))}).')
 flags.DEFINE_integer('probe_epochs', None, "Override the preset's epochs.")
 flags.DEFINE_float('cacr_t_neg', 2., "t^- of CACR's conditional entropy.")
 flags.DEFINE_integer('seed', 0, 'Seed of the diagnostic views.')

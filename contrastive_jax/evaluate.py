@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +38,7 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import progress
 from contrastive_jax.evaluators import knn
+from contrastive_jax.evaluators import linear_eval
 from contrastive_jax.evaluators import linear_probe
 from input_pipeline import pipeline
 
@@ -114,7 +115,7 @@ def first_rows(features: Features, n: int) -> tuple[np.ndarray, np.ndarray]:
   return x[mask], label[mask]
 
 
-def _variables(state):
+def variables_of(state):
   return {'params': state.params, 'batch_stats': state.batch_stats}
 
 
@@ -148,11 +149,12 @@ def score(name: str, train: Features, test: Features, *, config, mesh,
     bar.set_postfix_str(f'linear probe (L-BFGS), iteration {iterations}'
                         f'/{max_iter}')
 
-  lin = linear_probe.logistic_regression(
-      train.x, train.label, test.x, test.label, num_classes=num_classes,
-      l2=ev.linear_l2, max_iter=ev.linear_max_iter, train_mask=train.mask,
-      test_mask=test.mask, on_progress=on_progress)
-  out.update({f'{name}/linear_{k}': float(v) for k, v in lin.items()})
+  if ev.linear_max_iter > 0:    # 0: no fast probe (e.g. when the papers'
+    lin = linear_probe.logistic_regression(     # linear evaluation runs).
+        train.x, train.label, test.x, test.label, num_classes=num_classes,
+        l2=ev.linear_l2, max_iter=ev.linear_max_iter, train_mask=train.mask,
+        test_mask=test.mask, on_progress=on_progress)
+    out.update({f'{name}/linear_{k}': float(v) for k, v in lin.items()})
   bar.update(PROBE_UNITS - shown[0])    # Converged early: the rest at once.
   bar.set_postfix_str('')
   # The headline numbers; results.json has every metric.
@@ -181,7 +183,7 @@ def evaluate_all(config, feature_fn, states: dict, train_data, test_data,
   num_classes = max(train_data.num_classes, test_data.num_classes)
   kw = dict(config=config, mesh=mesh, num_classes=num_classes)
   reps = {'raw_pixels': None} if config.eval.baselines else {}
-  reps.update({name: _variables(state) for name, state in states.items()
+  reps.update({name: variables_of(state) for name, state in states.items()
                if name == 'trained' or config.eval.baselines})
   results, embeddings = {}, {}
   bs = config.eval.batch_size
@@ -198,6 +200,32 @@ def evaluate_all(config, feature_fn, states: dict, train_data, test_data,
   return results, embeddings
 
 
+def papers_linear_eval(config, model, variables, train_data, test_data, mesh,
+                       *, preset: str | None = None, epochs: int = 0,
+                       prefix: str = 'trained/linear_eval') -> dict[str, Any]:
+  """The papers' linear evaluation of one encoder (`linear_eval.py`).
+
+  `preset` defaults to `config.eval.linear_eval`; `epochs` and
+  `config.eval.linear_eval_batch_size` override the preset's when > 0.
+  Returns the numeric results with keys '<prefix>_top1' (last epoch),
+  '<prefix>_top5', '<prefix>_top1_best', ...
+  """
+  # .get: a config.json written before these options existed has none.
+  ev = config.eval
+  preset = preset or ev.get('linear_eval', '')
+  cfg = linear_eval.get_config(
+      preset, epochs=epochs or ev.get('linear_eval_epochs', 0),
+      batch_size=ev.get('linear_eval_batch_size', 0))
+  out = linear_eval.linear_evaluation(
+      model, variables, train_data, test_data, mesh, cfg=cfg,
+      num_classes=max(train_data.num_classes, test_data.num_classes),
+      seed=config.seed, eval_batch_size=ev.batch_size,
+      bar_desc=f'linear evaluation ({preset})')
+  names = {'top1_last': 'top1', 'top5_last': 'top5'}
+  return {f'{prefix}_{names.get(k, k)}': v for k, v in out.items()
+          if isinstance(v, (int, float))}
+
+
 def online_knn(config, feature_fn, state, train_data, test_data, mesh
                ) -> dict[str, float]:
   """The periodic online kNN monitor on fixed subsets of the data.
@@ -211,7 +239,7 @@ def online_knn(config, feature_fn, state, train_data, test_data, mesh
   sub = lambda d, n: pipeline.Subset(d, np.arange(min(n, len(d))))
   bank, queries = (sub(train_data, oc.knn_bank_size),
                    sub(test_data, oc.knn_num_queries))
-  variables = _variables(state)
+  variables = variables_of(state)
   feats = [extract_features(feature_fn, variables, d, mesh,
                             config.eval.batch_size) for d in (bank, queries)]
   num_classes = max(train_data.num_classes, test_data.num_classes)
@@ -320,6 +348,10 @@ def summary(results: dict, workdir: str) -> str:
     knn_v = results.get(f'{n}/{knn_key}', float('nan'))
     lin_v = results.get(f'{n}/linear_top1', float('nan'))
     lines.append(f'{n:<16}{100 * knn_v:>25.2f}%{100 * lin_v:>13.2f}%')
+  if 'trained/linear_eval_top1' in results:
+    label = "trained, the papers' linear evaluation"
+    lines.append(f'{label:<42}'
+                 f'{100 * results["trained/linear_eval_top1"]:>21.2f}%')
   lines += ['-' * 64,
             f'steps {results.get("steps")}, training {results.get("train_seconds")}'
             f' s, {results.get("images_per_sec", float("nan")):.0f} images/s, '

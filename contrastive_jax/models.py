@@ -62,20 +62,26 @@ class SmallCNN(nn.Module):
 
 
 class ProjectionHead(nn.Module):
-  """SimCLR's MLP head: (num_layers - 1) x [Dense, BN, ReLU], then Dense."""
+  """SimCLR's MLP head: (num_layers - 1) x [Dense, BN, ReLU], then Dense.
+
+  `batch_norm=False` gives MoCo v2's head: [Dense (with bias), ReLU] hidden
+  layers, no BatchNorm.
+  """
   hidden_dim: int = 512
   out_dim: int = 128
   num_layers: int = 2
+  batch_norm: bool = True
   dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, h, *, train: bool):
     x = h
     for i in range(self.num_layers - 1):
-      x = nn.Dense(self.hidden_dim, use_bias=False, dtype=self.dtype,
-                   name=f'dense{i}')(x)
-      x = nn.BatchNorm(use_running_average=not train, momentum=0.9,
-                       dtype=self.dtype, name=f'bn{i}')(x)
+      x = nn.Dense(self.hidden_dim, use_bias=not self.batch_norm,
+                   dtype=self.dtype, name=f'dense{i}')(x)
+      if self.batch_norm:
+        x = nn.BatchNorm(use_running_average=not train, momentum=0.9,
+                         dtype=self.dtype, name=f'bn{i}')(x)
       x = nn.relu(x)
     return nn.Dense(self.out_dim, dtype=self.dtype,
                     name=f'dense{self.num_layers - 1}')(x)
@@ -90,7 +96,9 @@ class ContrastiveModel(nn.Module):
   """Encoder + projection head.
 
   Returns a dict with `features` [B, F] (the representation that evaluation
-  reads) and `projection` [B, out_dim] (head output, the input of the loss).
+  reads) and `projection` [B, out_dim] (head output, the input of the loss),
+  both float32 whatever the compute dtype: the losses' similarities and
+  log-sum-exp, the kNN and the probes run in full precision.
   An encoder may return a spatial map [B, h, w, C]: the head then reads its
   global average, and `features` is the flattened map. On 28x28 clothing the
   spatial layout of the last map is what separates shirt from coat, and the
@@ -106,19 +114,66 @@ class ContrastiveModel(nn.Module):
       features, pooled = h.reshape(h.shape[0], -1), jnp.mean(h, axis=(1, 2))
     else:
       features = pooled = h
-    return {'features': features, 'projection': self.head(pooled, train=train)}
+    return {'features': features.astype(jnp.float32),
+            'projection': self.head(pooled, train=train).astype(jnp.float32)}
+
+
+class WithPredictor(nn.Module):
+  """A model plus a predictor MLP on its projection (BYOL; MoCo v3).
+
+  Returns the model's outputs and `prediction` [B, out_dim] (float32): the
+  predictor, shaped like the projection head (Dense, BN, ReLU, Dense), applied
+  to `projection`. Only the query branch reads `prediction`; the key / target
+  encoder's output is its `projection` (BYOL Sec. 3.1, MoCo v3 Sec. 3).
+  """
+  base: nn.Module
+  hidden_dim: int
+  out_dim: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, *, train: bool) -> dict[str, Any]:
+    out = self.base(x, train=train)
+    predictor = ProjectionHead(hidden_dim=self.hidden_dim,
+                               out_dim=self.out_dim, num_layers=2,
+                               dtype=self.dtype, name='predictor')
+    prediction = predictor(out['projection'], train=train)
+    return {**out, 'prediction': prediction.astype(jnp.float32)}
+
+
+# Compute dtypes `config.model.dtype` may name. Parameters, BatchNorm
+# statistics, optimizer state and the loss stay float32 in every case.
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+
+
+def compute_dtype(config):
+  """The jnp dtype of `config.model.dtype`; ValueError naming the known ones."""
+  name = config.model.get('dtype', 'float32')
+  if name not in DTYPES:
+    raise ValueError(f'config.model.dtype={name!r}; known: '
+                     f'{", ".join(DTYPES)} (bfloat16: mixed precision, '
+                     'float32 parameters).')
+  return DTYPES[name]
 
 
 def create_model(config) -> ContrastiveModel:
-  """Builds the model named by `config.model` (a ConfigDict)."""
+  """Builds the model named by `config.model` (a ConfigDict).
+
+  `config.model.dtype` is the compute dtype of every conv and dense layer
+  (mixed precision with 'bfloat16'); parameters are float32 (flax's
+  `param_dtype` default) and the outputs are cast back to float32.
+  """
   name = config.model.encoder
   if name not in ENCODERS:
     raise ValueError(f'unknown encoder {name!r} (config.model.encoder); known: '
                      f'{", ".join(sorted(ENCODERS))}.')
-  encoder = ENCODERS[name](**config.model.encoder_kwargs)
+  dtype = compute_dtype(config)
+  encoder = ENCODERS[name](**config.model.encoder_kwargs, dtype=dtype)
   head = ProjectionHead(hidden_dim=config.model.head_hidden_dim,
                         out_dim=config.model.head_out_dim,
-                        num_layers=config.model.head_layers)
+                        num_layers=config.model.head_layers,
+                        batch_norm=config.model.get('head_batch_norm', True),
+                        dtype=dtype)
   return ContrastiveModel(encoder=encoder, head=head)
 
 

@@ -54,9 +54,6 @@ class _NoBar:
   def set_postfix_str(self, s: str = '', refresh: bool = True) -> None:
     del s, refresh
 
-  def set_description_str(self, s: str = '', refresh: bool = True) -> None:
-    del s, refresh
-
   def restart_clock(self) -> None:
     pass
 

@@ -43,6 +43,7 @@ from jax.sharding import PartitionSpec as P
 from contrastive_jax import checkpointing
 from contrastive_jax import evaluate
 from contrastive_jax.evaluators import diagnostics
+from contrastive_jax.evaluators import linear_eval
 from contrastive_jax import losses
 from contrastive_jax import methods
 from contrastive_jax import models
@@ -62,24 +63,46 @@ create_mesh = runtime.create_mesh
 
 
 def learning_rate_schedule(config, total_steps: int) -> optax.Schedule:
-  """Step -> learning rate: linear warmup, then cosine decay to 0."""
+  """Step -> learning rate: linear warmup, then cosine decay to 0 or steps.
+
+  `config.optimizer.schedule`: 'cosine' (SimCLR, MoCo v2/v3) or 'step'
+  (InsDis, MoCo v1: multiplied by `lr_decay` at each of `decay_epochs`).
+  """
   opt = config.optimizer
   # Linear scaling rule (Goyal et al. 2017): lr = base_lr * batch / 256.
   peak = opt.base_learning_rate * config.batch_size / 256
   warmup = int(opt.warmup_fraction * total_steps)
-  return optax.warmup_cosine_decay_schedule(
-      init_value=0., peak_value=peak, warmup_steps=max(warmup, 1),
-      decay_steps=max(total_steps, warmup + 1), end_value=0.)
+  kind = opt.get('schedule', 'cosine')   # .get: configs from before 'step'.
+  if kind == 'cosine' and not opt.warmup_fraction:
+    # No warmup configured (MoCo v2): the peak from step 0. (A warmup that
+    # rounds to 0 steps keeps optax's 1-step warmup, as runs always have.)
+    return optax.cosine_decay_schedule(peak, max(total_steps, 1))
+  if kind == 'cosine':
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0., peak_value=peak, warmup_steps=max(warmup, 1),
+        decay_steps=max(total_steps, warmup + 1), end_value=0.)
+  if kind != 'step':
+    raise ValueError(f'config.optimizer.schedule={kind!r}; known: cosine, '
+                     'step.')
+  steps_per_epoch = total_steps / float(config.num_epochs)
+  steps = optax.piecewise_constant_schedule(peak, {
+      int(round(e * steps_per_epoch)): opt.lr_decay
+      for e in opt.decay_epochs})
+  if not warmup:
+    return steps
+  return optax.join_schedules(
+      [optax.linear_schedule(0., peak, warmup),
+       lambda step: steps(step + warmup)], [warmup])
 
 
-def create_optimizer(config, total_steps: int) -> optax.GradientTransformation:
-  """The configured optimizer on `learning_rate_schedule`.
+def create_optimizer(config, schedule: optax.Schedule
+                     ) -> optax.GradientTransformation:
+  """The configured optimizer on `schedule` (`learning_rate_schedule`).
 
   Weight decay skips biases and BatchNorm scales/offsets (1-D leaves), as is
   standard for SimCLR/MoCo-style training.
   """
   opt = config.optimizer
-  schedule = learning_rate_schedule(config, total_steps)
   decay_mask = lambda params: jax.tree.map(lambda p: p.ndim > 1, params)
   if opt.name == 'adamw':
     return optax.adamw(schedule, weight_decay=opt.weight_decay,
@@ -319,7 +342,8 @@ def build(config, mesh, *, total_steps: int, steps_per_epoch: int,
       num_epochs=float(config.num_epochs))
   method = methods.get(config.method).from_config(config, ctx)
   model = create_model(config)
-  tx = create_optimizer(config, total_steps)
+  learning_rate = learning_rate_schedule(config, total_steps)
+  tx = create_optimizer(config, learning_rate)
   loss = Loss.from_config(config, method, ctx)
   probe = (OnlineProbe(num_classes, float(config.online.probe_learning_rate))
            if config.online.linear_probe and num_classes > 1 else None)
@@ -337,7 +361,7 @@ def build(config, mesh, *, total_steps: int, steps_per_epoch: int,
                     replicated),
       out_shardings=(shardings, replicated), donate_argnums=(0,))
   return Setup(model=model, tx=tx,
-               learning_rate=learning_rate_schedule(config, total_steps),
+               learning_rate=learning_rate,
                method=method, loss=loss, probe=probe,
                init_fn=jax.jit(init, out_shardings=shardings),
                step_fn=step_fn, shardings=shardings)
@@ -350,12 +374,19 @@ def _check_workdir(config, workdir: str) -> None:
   if os.path.exists(path):
     with open(path) as f:
       previous = json.load(f)
-    if previous != current:
-      flat_prev, flat_cur = _flatten(previous), _flatten(current)
-      diff = ', '.join(
-          f'{k}: {flat_prev.get(k)!r} -> {flat_cur.get(k)!r}'
-          for k in sorted(set(flat_prev) | set(flat_cur))
-          if flat_prev.get(k) != flat_cur.get(k))
+    flat_prev, flat_cur = _flatten(previous), _flatten(current)
+    # Options added to the code since the run started are absent from its
+    # config.json; new options default to the old behaviour, so they are
+    # accepted (and said), not taken for a different config.
+    added = sorted(set(flat_cur) - set(flat_prev))
+    if added:
+      logging.info('%s predates the options %s; resuming with their current '
+                   'values.', path, ', '.join(
+                       f'{k}={flat_cur[k]!r}' for k in added))
+    diff = ', '.join(
+        f'{k}: {flat_prev.get(k)!r} -> {flat_cur.get(k)!r}'
+        for k in sorted(flat_prev) if flat_prev.get(k) != flat_cur.get(k))
+    if diff:
       raise ValueError(
           f'workdir {workdir!r} holds a run of a different config ({diff}). '
           'Use a new --workdir, or delete '
@@ -397,6 +428,18 @@ def validate_config(config, num_devices: int | None = None) -> None:
                        f'keyword argument {name!r}.')
     schedules.build(kind, 0., total_steps=1, steps_per_epoch=1, num_epochs=1,
                     name=f'config.loss_schedules.{name}')
+  if config.optimizer.schedule not in ('cosine', 'step'):
+    raise ValueError(f'config.optimizer.schedule='
+                     f'{config.optimizer.schedule!r}; known: cosine, step.')
+  ev = config.eval
+  if ev.linear_eval:
+    cfg = linear_eval.get_config(ev.linear_eval,
+                                 batch_size=ev.linear_eval_batch_size)
+    if cfg.batch_size % n:
+      raise ValueError(f'the {ev.linear_eval!r} linear evaluation batch '
+                       f'{cfg.batch_size} is not divisible by the {n} '
+                       'devices; set config.eval.linear_eval_batch_size to a '
+                       f'multiple of {n}.')
   ds = config.dataset
   if not isinstance(ds.validation_size, int) or ds.validation_size < 0:
     raise ValueError(f'config.dataset.validation_size={ds.validation_size!r} '
@@ -416,6 +459,29 @@ def validate_config(config, num_devices: int | None = None) -> None:
   if (ds.validation_size or ds.imbalance != 'none') and not ds.in_memory:
     raise ValueError('config.dataset.validation_size and .imbalance need '
                      'config.dataset.in_memory=True.')
+
+
+def check_data_sizes(config, num_train: int) -> None:
+  """What needs the training-set size, checked before any training."""
+  ks = tuple(config.eval.knn_ks)
+  if max(ks) > num_train:
+    raise ValueError(f'config.eval.knn_ks={ks} asks for more neighbours than '
+                     f'the {num_train} training examples (the kNN bank); '
+                     f'use values <= {num_train}.')
+  if config.optimizer.schedule not in ('cosine', 'step'):
+    raise ValueError(f'config.optimizer.schedule='
+                     f'{config.optimizer.schedule!r}; known: cosine, step.')
+  ev = config.eval
+  if ev.linear_eval:
+    batch = min(linear_eval.get_config(
+        ev.linear_eval, batch_size=ev.linear_eval_batch_size).batch_size,
+                num_train)
+    if batch % jax.device_count():
+      raise ValueError(
+          f'the linear evaluation batch would be {batch} (the training '
+          f'set\'s size), not divisible by the {jax.device_count()} devices; '
+          'set config.eval.linear_eval_batch_size to a multiple of them below '
+          f'{num_train}.')
 
 
 def load_data(config):
@@ -477,6 +543,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   validate_config(config)
   _check_workdir(config, workdir)
   train_data, test_data = data if data is not None else load_data(config)
+  check_data_sizes(config, len(train_data))
   logging.info('Data: %d training and %d evaluation examples of shape %s; '
                'compiling the step.', len(train_data), len(test_data),
                tuple(train_data.image_shape))
@@ -604,6 +671,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       # The donated initial state is gone; init is deterministic, so redo it.
       config, feature_fn, {'trained': state, 'random_init': setup.init_fn(init_rng)},
       train_data, test_data, mesh)
+  if config.eval.linear_eval:
+    # The papers' protocol, trained encoder only (epochs of encoder forwards).
+    results.update(evaluate.papers_linear_eval(
+        config, setup.model, evaluate.variables_of(state), train_data,
+        test_data, mesh))
   results.update(steps=total_steps, train_seconds=round(train_seconds, 1),
                  resumed_from_step=restored_step)
   logged = [h for h in history if 'loss' in h]

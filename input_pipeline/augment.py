@@ -376,6 +376,11 @@ PRESETS: dict[str, tuple[ViewConfig, ...]] = {
     # images only, so `simclr_small` drops it for 32x32 and smaller.
     'simclr': (_SIMCLR, _SIMCLR),
     'simclr_small': (dataclasses.replace(_SIMCLR, blur_p=0.),) * 2,
+    # InsDis / MoCo v1: crop 0.2-1, ColorJitter(0.4, 0.4, 0.4) always
+    # (strength 0.5; their hue 0.4 is 0.1 here), grayscale 0.2, flip.
+    'moco_v1': (ViewConfig(crop_scale=(0.2, 1.), flip_p=0.5,
+                           jitter_strength=0.5, jitter_p=1.0,
+                           grayscale_p=0.2),) * 2,
     # MoCo v2: SimCLR's ops with jitter strength 0.5 and blur p=0.5.
     'moco_v2': (dataclasses.replace(_SIMCLR, crop_scale=(0.2, 1.),
                                     jitter_strength=0.5),) * 2,

@@ -6,7 +6,8 @@ Runs the real entry point, `main.py`, as separate processes joined through
 `JAX_COORDINATOR_ADDRESS` / `JAX_NUM_PROCESSES` / `JAX_PROCESS_ID` on
 localhost, on streamed data (`config.dataset.in_memory=False`: every process
 reads and decodes only its part of each batch), through pretraining, the
-online kNN, the final kNN and the linear probe:
+online kNN, the final kNN, the linear probe and the papers' linear evaluation
+(SGD on augmented images):
 
 1. A generated JPEG image folder (4 classes, 20x20 RGB decoded to 16x16),
    MoCo v2 with its queue sharded over the 8 devices of both processes:
@@ -56,7 +57,7 @@ from tests.synthetic_data import make_jpeg_folder  # pylint: disable=g-import-no
 RTOL = 1e-3          # Of each array's max |x|; see the module docstring.
 ACC_TOL = 0.01       # Accuracy difference: 2 of the 256 JPEG test images.
 ACC_KEYS = ('trained/knn_weighted_top1@5', 'trained/linear_top1',
-            'online/knn_top1@20')
+            'online/knn_top1@20', 'trained/linear_eval_top1')
 
 COMMON = [
     '--config.model.encoder_kwargs.widths=(8,16)',
@@ -68,6 +69,10 @@ COMMON = [
     '--config.online.knn_bank_size=512', '--config.online.knn_num_queries=256',
     '--config.eval.baselines=False', '--config.eval.batch_size=128',
     '--config.eval.linear_max_iter=30',
+    # The papers' linear evaluation, streamed: 1 epoch of SGD on augmented
+    # images through the frozen encoder, each process reading its part.
+    '--config.eval.linear_eval=cifar', '--config.eval.linear_eval_epochs=1',
+    '--config.eval.linear_eval_batch_size=64',
 ]
 JPEG = COMMON + [
     '--config.dataset.name=image_folder', '--config.dataset.image_size=16',

@@ -63,7 +63,7 @@ def _tiny():
   c = byol_config.get_config()
   c.model.encoder_kwargs.widths = (4, 8)
   c.model.head_hidden_dim, c.model.head_out_dim = 16, 8
-  c.byol.predictor_hidden_dim = 12
+  c.moco.predictor_hidden_dim = 12
   c.batch_size = B
   c.online.linear_probe = False
   return c

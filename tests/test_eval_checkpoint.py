@@ -76,7 +76,7 @@ def test_files_and_diagnostics(evaluated):
     assert np.exp(-4) - 1e-6 <= results[pre + 'macl_semantic_sensitivity'] <= 1.
   assert results['diagnostics/cacr_conditional_entropy_max'] == (
       pytest.approx(np.log(31)))      # test config: batch 32
-  assert 0. <= results['probe_cacr_small/top1_last'] <= 1.
+  assert 0. <= results['probe_cacr_small_top1'] <= 1.
 
 
 def test_restore_onto_another_mesh_and_explicit_step(evaluated):

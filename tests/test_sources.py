@@ -139,22 +139,27 @@ def test_tfds_source_reads_fashion_mnist_like_the_raw_idx_files():
   assert len({img.tobytes() for img in got['image']}) == 64
 
 
-def test_imagenet_config_without_the_dataset_fails_fast_naming_the_fix(
-    tmp_path):
-  # The real entry point, the README's worked pod config: without ImageNet
-  # prepared (and no network here) it must stop before any training with the
-  # manual-download instructions, and leave nothing but config.json behind.
+@pytest.mark.parametrize('scale,words', [
+    ('imagenet', ('imagenet2012', 'downloads/manual',
+                  'ILSVRC2012_img_train.tar')),
+    ('cifar10', ('cifar10', 'Fix:')),
+])
+def test_paper_config_without_its_dataset_fails_fast_naming_the_fix(
+    tmp_path, scale, words):
+  # The real entry point and the papers' configs: without ImageNet prepared,
+  # or CIFAR downloadable (no network here), it must stop before any training
+  # with what to do, and leave nothing but config.json behind.
   import subprocess
   import sys
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = subprocess.run(
-      [sys.executable, 'main.py', '--config=configs/imagenet_simclr.py',
+      [sys.executable, 'main.py', f'--config=configs/papers/simclr.py:{scale}',
        f'--workdir={tmp_path}/run', f'--config.dataset.data_dir={tmp_path}',
        '--config.batch_size=64', '--config.eval.batch_size=64'],
       cwd=repo, capture_output=True, text=True, timeout=300,
       env=dict(os.environ, JAX_PLATFORMS='cpu'))
   assert out.returncode != 0
   last = out.stderr.strip().splitlines()[-1]
-  assert 'imagenet2012' in last and 'downloads/manual' in last, last
-  assert 'ILSVRC2012_img_train.tar' in last
+  for word in words:
+    assert word in last, last
   assert os.listdir(tmp_path / 'run') == ['config.json']

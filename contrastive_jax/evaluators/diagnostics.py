@@ -240,7 +240,7 @@ def project_2d(feats, method: str = 'pca', *, seed: int = 0) -> np.ndarray:
       axis fixed so that its largest |loading| is positive, deterministic
       across LAPACKs) or 'tsne' (scikit-learn's Barnes-Hut t-SNE, perplexity
       30, PCA init, on L2-normalised features: the cosine geometry that the
-      kNN and the losses see; stochastic, seeded by `seed`; ~10 s for 2k
+      kNN and the losses see; stochastic, seeded by `seed`; ~6 s for 2k
       points on 2 CPU cores).
     seed: t-SNE's random state.
   """

@@ -6,9 +6,9 @@ and tests/test_byol.py are all it took. It reuses the key-encoder method
 (`moco.Method`: EMA target updated before the keys, stop_gradient on them,
 the momentum schedule of `config.moco`) and adds what BYOL changes:
 
-  * the online network gets a predictor q_theta, an MLP on the projection
-    (`wrap_model`); the loss takes its output (`embedding = 'prediction'`),
-    the target its projection;
+  * the online network has a predictor q_theta, an MLP on the projection
+    (`config.moco.predictor_hidden_dim`, shared with MoCo v3); the loss takes
+    its output, the target its projection;
   * the loss is the normalised regression of Eq. 2, registered here as
     'byol', symmetrised over the two views (Eq. 3: query view v is
     regressed on the target's other view, `config.moco.key_views = (1, 0)`);
@@ -22,14 +22,11 @@ multiply-adds, which keeps the key encoder the moco method's own).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from contrastive_jax import losses
-from contrastive_jax import models
 from contrastive_jax.methods import moco
 
 
@@ -57,29 +54,8 @@ def regression(query: jax.Array, key: jax.Array) -> losses.common.LossOutput:
   return loss, {'cosine': jnp.mean(cos)}
 
 
-class WithPredictor(nn.Module):
-  """The online network of BYOL: the model plus a predictor MLP.
-
-  Returns the model's outputs and `prediction` [B, D], the predictor applied
-  to `projection` (BYOL's predictor has the projector's shape: Dense, BN,
-  ReLU, Dense).
-  """
-  base: nn.Module
-  hidden_dim: int
-  out_dim: int
-
-  @nn.compact
-  def __call__(self, x, *, train: bool) -> dict[str, Any]:
-    out = self.base(x, train=train)
-    predictor = models.ProjectionHead(hidden_dim=self.hidden_dim,
-                                      out_dim=self.out_dim, num_layers=2,
-                                      name='predictor')
-    return {**out, 'prediction': predictor(out['projection'], train=train)}
-
-
 @dataclasses.dataclass(frozen=True)
 class Method(moco.Method):
-  embedding = 'prediction'
   losses = ('byol',)
 
   @classmethod
@@ -88,13 +64,11 @@ class Method(moco.Method):
     if config.moco.queue_size:
       raise ValueError('BYOL uses no negatives; set config.moco.queue_size=0 '
                        f'(got {config.moco.queue_size}).')
+    if config.moco.predictor_hidden_dim <= 0:
+      raise ValueError('BYOL regresses a predictor\'s output on the target; '
+                       'set config.moco.predictor_hidden_dim > 0 (the paper: '
+                       '4096).')
     if len(config.moco.query_views) != len(config.moco.key_views):
       raise ValueError('BYOL pairs query view v with key view v: '
                        'config.moco.query_views and .key_views need the same '
                        'length.')
-
-  @classmethod
-  def wrap_model(cls, config, model):
-    return WithPredictor(base=model,
-                         hidden_dim=config.byol.predictor_hidden_dim,
-                         out_dim=config.model.head_out_dim)

@@ -1,11 +1,14 @@
 """A key encoder (EMA of the online one) and an optional queue of past keys.
 
 MoCo v1/v2 (He et al. 2020; Chen et al. 2020), MoCo v3-style symmetric
-InfoNCE without a queue (Chen et al. 2021), CACR's MoCo regime and JCL. The
-online encoder embeds the `query_views`; the key encoder, updated first as
-an EMA of the online weights, embeds the `key_views` under stop_gradient; the
-loss gets query z [B, Vq, D], key [B, Vk, D] and the queue [Q, D] (None when
-`queue_size` is 0). After the step the batch's keys enter the queue.
+InfoNCE without a queue and with a predictor (Chen et al. 2021), CACR's MoCo
+regime and JCL. The online encoder embeds the `query_views`; the key encoder,
+updated first as an EMA of the online weights, embeds the `key_views` under
+stop_gradient; the loss gets query z [B, Vq, D], key [B, Vk, D] and the queue
+[Q, D] (None when `queue_size` is 0). After the step the batch's keys enter
+the queue. With `predictor_hidden_dim` > 0 the queries are the outputs of a
+predictor MLP on the online projection (MoCo v3), the keys stay the key
+encoder's projections.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import losses
+from contrastive_jax import models
 from contrastive_jax import state as state_lib
 from contrastive_jax.methods import base
 
@@ -41,7 +45,29 @@ class Method(base.Method):
   shuffle_bn: bool = False
   enqueue_keys: str = 'first'
   momentum: Any = None            # Schedule step -> m (schedules.build).
+  predictor_hidden_dim: int = 0   # > 0: MoCo v3's predictor on the queries.
   losses = ('infonce', 'jcl', 'cacr')
+
+  @property
+  def embedding(self) -> str:
+    """What the loss takes as queries: the predictor's output if any."""
+    return 'prediction' if self.predictor_hidden_dim else 'projection'
+
+  @classmethod
+  def wrap_model(cls, config, model):
+    """The model with a predictor when config.moco.predictor_hidden_dim > 0.
+
+    The key encoder is an EMA of this whole tree, predictor included (its
+    copy is never read: keys are projections, MoCo v3 Sec. 3), which keeps a
+    single parameter tree for the online and key encoders.
+    """
+    # .get: a config.json written before the option existed has none.
+    hidden = config.moco.get('predictor_hidden_dim', 0)
+    if not hidden:
+      return model
+    return models.WithPredictor(base=model, hidden_dim=hidden,
+                                out_dim=config.model.head_out_dim,
+                                dtype=models.compute_dtype(config))
 
   @classmethod
   def validate(cls, config, num_devices: int) -> None:
@@ -59,6 +85,10 @@ class Method(base.Method):
           f'config.moco.queue_size={q} must be 0 (no queue) or a multiple of '
           f'the global batch size {b} (MoCo writes whole batches into the '
           'queue; a batch must never wrap around its end).')
+    if mc.get('predictor_hidden_dim', 0) < 0:
+      raise ValueError(f'config.moco.predictor_hidden_dim='
+                       f'{mc.predictor_hidden_dim} must be >= 0 (0: no '
+                       'predictor; MoCo v3 uses 4096).')
     if not 0. <= mc.momentum <= 1.:
       raise ValueError(f'config.moco.momentum={mc.momentum} must be in [0, 1].')
     base.momentum(config, base.Context(1, 1, 1, 1, 1.))   # Known kind?
@@ -77,7 +107,8 @@ class Method(base.Method):
                query_views=tuple(mc.query_views),
                key_views=tuple(mc.key_views), queue_size=int(mc.queue_size),
                shuffle_bn=bool(mc.shuffle_bn), enqueue_keys=mc.enqueue_keys,
-               momentum=base.momentum(config, ctx))
+               momentum=base.momentum(config, ctx),
+               predictor_hidden_dim=int(mc.get('predictor_hidden_dim', 0)))
 
   def init(self, rngs, variables, *, out_dim: int) -> State:
     # The key encoder starts as a copy of the online one (MoCo, BYOL).

@@ -1,0 +1,151 @@
+"""The two scales of configs/papers/*.py: ImageNet ResNet-50, CIFAR ResNet-18.
+
+Every file of configs/papers/ is one method; the scale is its config
+argument (ml_collections' `file.py:arg`, as big_vision's configs):
+
+  --config=configs/papers/<method>.py:imagenet   ImageNet-1k, ResNet-50
+  --config=configs/papers/<method>.py:cifar10    CIFAR-10, ResNet-18
+  --config=configs/papers/<method>.py:cifar100   CIFAR-100, ResNet-18
+
+`base(scale)` holds what every method shares at a scale: data, encoder, mixed
+precision, evaluation. The method file then sets the paper's method, loss,
+optimizer, schedule and augmentation, and names in its docstring the
+published number it targets, labelled as the paper's (nothing at these
+scales has been measured where this project is developed: a 2-core CPU).
+
+Launching. ImageNet is read from TFDS's ArrayRecord files, which TFDS never
+downloads: put ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar into
+$DATA/downloads/manual/ and run once
+`tfds build imagenet2012 --data_dir=$DATA --file_format=array_record`.
+CIFAR is downloaded by TFDS on first use (needs the network; offline it
+fails at once with a message saying so). On a pod every host runs the same
+command (README "Multi-host pods"): TPU pods and SLURM need JAX_DISTRIBUTED=1,
+other clusters JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID.
+"""
+
+import ml_collections
+
+from configs import default
+
+SCALES = ('imagenet', 'cifar10', 'cifar100')
+
+
+def scale_of(arg: str | None) -> str:
+  """The scale named by the config argument (default 'imagenet')."""
+  scale = arg or 'imagenet'
+  if scale not in SCALES:
+    raise ValueError(f'unknown scale {scale!r} after the config file\'s ":"; '
+                     f'known: {", ".join(SCALES)} (e.g. '
+                     '--config=configs/papers/simclr.py:cifar10).')
+  return scale
+
+
+def base(scale: str) -> ml_collections.ConfigDict:
+  """configs/default.py at `scale`: data, encoder, precision, evaluation."""
+  config = default.get_config()
+  config.model.dtype = 'bfloat16'     # Mixed precision (models.py).
+  config.eval.baselines = False       # Raw pixels of 224 px: 150k-d rows.
+  config.eval.batch_size = 1024
+  config.log_every_steps = 100
+  if scale == 'imagenet':
+    config.dataset.name = 'imagenet2012'
+    config.dataset.eval_split = 'validation'
+    # The host resizes the shorter side to 224 and centre-crops (the eval
+    # images: the papers' Resize(256) + CenterCrop(224) differs slightly);
+    # the random resized crops of pretraining are cut from that square.
+    config.dataset.image_size = 224
+    config.dataset.in_memory = False  # Every host reads only its part.
+    config.model.encoder = 'resnet50'
+    config.model.encoder_kwargs = ml_collections.ConfigDict(
+        {'stem': 'imagenet', 'stage_sizes': (3, 4, 6, 3), 'width': 64})
+    config.checkpoint_every_steps = 2000
+    config.online.knn_every_steps = 5000
+  else:
+    config.dataset.name = scale
+    config.dataset.eval_split = 'test'
+    config.dataset.image_size = None  # TFDS's 32 x 32.
+    config.dataset.in_memory = True   # 50k 32 x 32 x 3 images: 150 MB.
+    config.model.encoder = 'resnet18'
+    config.model.encoder_kwargs = ml_collections.ConfigDict(
+        {'stem': 'cifar', 'stage_sizes': (2, 2, 2, 2), 'width': 64})
+    config.augment.preset = 'simclr_small'   # SimCLR's, no blur at 32 px.
+    config.checkpoint_every_steps = 1000
+    config.online.knn_every_steps = 2000
+  return config
+
+
+def sgd_cifar(config, *, batch_size: int = 512, epochs: float = 200.):
+  """lightly's CIFAR-10 benchmark recipe (the issue's yardstick; lightly
+  docs, "Benchmarks"): batch 512, 200 epochs, SGD lr 0.06 x B / 128 (=
+  0.12 x B / 256 here), momentum 0.9, weight decay 5e-4, cosine, no warmup;
+  a 512-512-128 head; kNN with k = 200, T = 0.1."""
+  config.batch_size = batch_size
+  config.num_epochs = epochs
+  config.optimizer.name = 'sgd'
+  config.optimizer.base_learning_rate = 0.12
+  config.optimizer.momentum = 0.9
+  config.optimizer.weight_decay = 5e-4
+  config.optimizer.warmup_fraction = 0.
+  config.model.head_hidden_dim = 512
+  config.model.head_out_dim = 128
+  config.eval.knn_ks = (200,)
+  config.eval.knn_temperature = 0.1
+  config.eval.linear_eval = 'cifar'
+  return config
+
+
+def sgd_moco_v2(config, *, epochs: float = 200.):
+  """MoCo v2's ImageNet optimizer (Chen et al. 2020, "Improved baselines"):
+  SGD lr 0.03 x B / 256 at batch 256, momentum 0.9, weight decay 1e-4,
+  cosine, no warmup; its 2048-2048-128 head without BatchNorm; its linear
+  classification protocol (SGD lr 30, 100 epochs)."""
+  config.batch_size = 256
+  config.num_epochs = epochs
+  config.optimizer.name = 'sgd'
+  config.optimizer.base_learning_rate = 0.03
+  config.optimizer.momentum = 0.9
+  config.optimizer.weight_decay = 1e-4
+  config.optimizer.warmup_fraction = 0.
+  config.model.head_hidden_dim = 2048
+  config.model.head_out_dim = 128
+  config.model.head_batch_norm = False
+  config.augment.preset = 'moco_v2'
+  config.eval.linear_eval = 'moco'
+  return config
+
+
+def lars_simclr(config, *, batch_size: int = 4096, epochs: float = 100.,
+                base_learning_rate: float = 0.3, weight_decay: float = 1e-6,
+                warmup_epochs: float = 10.):
+  """SimCLR's ImageNet optimizer (Chen et al. 2020, Sec. B.6): LARS, lr
+  0.3 x B / 256, weight decay 1e-6, BN and biases excluded from adaptation
+  and decay, 10 warmup epochs then cosine; its 2048-2048-128 head; its
+  linear evaluation (Nesterov SGD, lr 0.1 x B / 256, 90 epochs)."""
+  config.batch_size = batch_size
+  config.num_epochs = epochs
+  config.optimizer.name = 'lars'
+  config.optimizer.base_learning_rate = base_learning_rate
+  config.optimizer.weight_decay = weight_decay
+  config.optimizer.momentum = 0.9
+  config.optimizer.warmup_fraction = warmup_epochs / epochs
+  config.model.head_hidden_dim = 2048
+  config.model.head_out_dim = 128
+  config.augment.preset = 'simclr'
+  config.eval.linear_eval = 'simclr'
+  return config
+
+
+def adam_small(config, *, epochs: float):
+  """The small-scale Adam setting of HCL (Robinson et al. 2021), which CACR's
+  and MACL's CIFAR experiments follow: Adam lr 1e-3 (fixed), weight decay
+  1e-6, batch 256, a 512-128 head. (AdamW's decoupled decay, 1e-6 x lr per
+  step, stands for Adam's L2 of 1e-6: both negligible.)"""
+  config.batch_size = 256
+  config.num_epochs = epochs
+  config.optimizer.name = 'adamw'
+  config.optimizer.base_learning_rate = 1e-3
+  config.optimizer.weight_decay = 1e-6
+  config.optimizer.warmup_fraction = 0.
+  config.optimizer.schedule = 'step'    # No decay_epochs: a constant lr.
+  config.model.head_hidden_dim, config.model.head_out_dim = 512, 128
+  return config

@@ -1,0 +1,302 @@
+"""The papers' linear evaluation: SGD on augmented images, frozen encoder.
+
+SimCLR (Appendix B.5), MoCo (Sec. 4.1), CACR, TCL and MACL report a linear
+classifier trained on the frozen encoder's features of *augmented* training
+images (random resized crop + flip, or the paper's crop), scored on the
+un-augmented evaluation images (the sources' centre crops). This module runs
+that protocol streamed, on any mesh and any number of processes:
+
+* each step reads this process's part of a global batch
+  (`pipeline.TrainBatches`: the order is a pure function of seed and step),
+  augments it on the devices with the preset's `ViewConfig`, runs the encoder
+  in eval mode (BatchNorm running statistics) under stop_gradient, and updates
+  the replicated [F, C] classifier (data-parallel: the batch is sharded over
+  every device of every host, the gradient is a mean over the global batch);
+* after every epoch the evaluation split is scored in `eval_batches` (each
+  process reads its part; only scalar counts come back).
+
+The hyperparameters are the papers' (`PRESETS`, sources in each comment).
+`linear_probe.logistic_regression` (L-BFGS on cached un-augmented features)
+is the *fast probe*: seconds instead of epochs of encoder forwards, for
+monitoring and small features; its numbers are not the papers' protocol.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from contrastive_jax import progress
+from input_pipeline import augment
+from input_pipeline import pipeline
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeConfig:
+  """One linear-evaluation recipe (see PRESETS for the papers').
+
+  `lr` is the learning rate at `batch_size`; another batch size scales it
+  linearly (Goyal et al. 2017), as the papers that state lr = base x B / 256
+  do. `view` is the training-image augmentation (crop, flip); evaluation
+  images are never augmented.
+  """
+  optimizer: str = 'sgd'            # 'sgd' or 'adam'
+  lr: float = 0.1
+  epochs: int = 100
+  batch_size: int = 256
+  momentum: float = 0.9             # SGD only (PyTorch-style heavy ball)
+  nesterov: bool = False            # SGD only
+  adam_b1: float = 0.9              # Adam only
+  adam_b2: float = 0.999
+  weight_decay: float = 0.0         # coupled L2 (PyTorch weight_decay)
+  schedule: str = 'constant'        # 'constant', 'cosine' or 'step'
+  milestones: tuple[int, ...] = ()  # epochs at which 'step' decays
+  lr_decay: float = 0.1             # 'step' multiplier per milestone
+  cosine_final: float = 0.0         # 'cosine' final lr as a fraction of lr
+  view: augment.ViewConfig = augment.ViewConfig(crop_scale=(0.08, 1.),
+                                                flip_p=0.5)
+
+
+_CROP_FLIP = augment.ViewConfig(crop_scale=(0.08, 1.), flip_p=0.5)
+
+# Values and sources: /work/shared/notes (cacr.md Sec. 4, tcl.md Sec. 5,
+# macl.md Sec. 6.1) and the papers named.
+PRESETS: dict[str, ProbeConfig] = {
+    # MoCo v1/v2 ImageNet linear classification (also CACR's and JCL's):
+    # SGD lr 30, batch 256, 100 epochs, x0.1 at 60 and 80, no weight decay;
+    # RandomResizedCrop(224) + flip.
+    'moco': ProbeConfig(optimizer='sgd', lr=30.0, epochs=100, batch_size=256,
+                        momentum=0.9, schedule='step', milestones=(60, 80),
+                        lr_decay=0.1, view=_CROP_FLIP),
+    # SimCLR (App. B.5) and MoCo v3's main_lincls.py: SGD with Nesterov
+    # momentum, lr 0.1 x B / 256, cosine, 90 epochs, no weight decay, crop +
+    # flip. SimCLR ran batch 4096; MoCo v3's code 1024 (same lr rule).
+    'simclr': ProbeConfig(optimizer='sgd', lr=1.6, epochs=90, batch_size=4096,
+                          momentum=0.9, nesterov=True, schedule='cosine',
+                          view=_CROP_FLIP),
+    # The CIFAR configs (configs/papers): solo-learn's linear evaluation of
+    # its CIFAR models, SGD lr 0.1, batch 256, 100 epochs, cosine, no weight
+    # decay, RandomResizedCrop(32, 0.08-1) + flip.
+    'cifar': ProbeConfig(optimizer='sgd', lr=0.1, epochs=100, batch_size=256,
+                         momentum=0.9, schedule='cosine', view=_CROP_FLIP),
+    # CACR's small-scale code: Adam(0.5, 0.999), lr 1e-3, batch 128, 100
+    # epochs, x0.2 at 60 and 80; RandomResizedCrop(scale 0.2-1) + flip.
+    'cacr_small': ProbeConfig(
+        optimizer='adam', lr=1e-3, epochs=100, batch_size=128, adam_b1=0.5,
+        adam_b2=0.999, schedule='step', milestones=(60, 80), lr_decay=0.2,
+        view=augment.ViewConfig(crop_scale=(0.2, 1.), flip_p=0.5)),
+    # TCL's linear stage (FMNIST code): SGD(0.9, wd 1e-4), lr 0.5, cosine to
+    # 1e-3 x lr, 50 epochs, 64 images per step, the training transform
+    # RandomCrop(28, padding=4) + flip. (TCL's code keeps BN in train mode;
+    # here eval mode, the standard frozen encoder.)
+    'tcl': ProbeConfig(optimizer='sgd', lr=0.5, epochs=50, batch_size=64,
+                       momentum=0.9, weight_decay=1e-4, schedule='cosine',
+                       cosine_final=1e-3,
+                       view=augment.ViewConfig(crop_scale=None, pad_crop=4,
+                                               flip_p=0.5)),
+    # MACL: SGD lr 0.02, momentum 0.9, wd 0, 100 epochs; batch, schedule and
+    # augmentation unstated (notes: 256, constant; CACR's crop 0.2-1 + flip).
+    'macl': ProbeConfig(optimizer='sgd', lr=0.02, epochs=100, batch_size=256,
+                        momentum=0.9, schedule='constant',
+                        view=augment.ViewConfig(crop_scale=(0.2, 1.),
+                                                flip_p=0.5)),
+}
+
+
+def get_config(preset: str, *, epochs: int = 0,
+               batch_size: int = 0) -> ProbeConfig:
+  """PRESETS[preset], with `epochs` / `batch_size` overridden when > 0.
+
+  A new batch size rescales the learning rate linearly.
+  """
+  if preset not in PRESETS:
+    raise ValueError(f'unknown linear-evaluation preset {preset!r}; known: '
+                     f'{", ".join(sorted(PRESETS))}.')
+  cfg = PRESETS[preset]
+  if epochs:
+    cfg = dataclasses.replace(cfg, epochs=int(epochs))
+  if batch_size:
+    cfg = dataclasses.replace(cfg, batch_size=int(batch_size),
+                              lr=cfg.lr * batch_size / cfg.batch_size)
+  return cfg
+
+
+def learning_rate(cfg: ProbeConfig, steps_per_epoch: int) -> optax.Schedule:
+  """Step -> learning rate of `cfg` ('step' milestones are in epochs)."""
+  total = cfg.epochs * steps_per_epoch
+  if cfg.schedule == 'constant':
+    return optax.constant_schedule(cfg.lr)
+  if cfg.schedule == 'cosine':
+    return optax.cosine_decay_schedule(cfg.lr, max(total, 1),
+                                       alpha=cfg.cosine_final)
+  if cfg.schedule == 'step':
+    return optax.piecewise_constant_schedule(
+        cfg.lr, {m * steps_per_epoch: cfg.lr_decay for m in cfg.milestones})
+  raise ValueError(f"schedule must be 'constant', 'cosine' or 'step'; got "
+                   f'{cfg.schedule!r}.')
+
+
+def optimizer(cfg: ProbeConfig,
+              steps_per_epoch: int) -> optax.GradientTransformation:
+  """The preset's optimizer, with PyTorch's coupled L2 `weight_decay` (the
+  papers' code) added to the gradient first."""
+  lr = learning_rate(cfg, steps_per_epoch)
+  decay = optax.add_decayed_weights(cfg.weight_decay)
+  if cfg.optimizer == 'sgd':
+    opt = optax.sgd(lr, momentum=cfg.momentum or None, nesterov=cfg.nesterov)
+  elif cfg.optimizer == 'adam':
+    opt = optax.adam(lr, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=1e-8)
+  else:
+    raise ValueError(f"optimizer must be 'sgd' or 'adam'; got "
+                     f'{cfg.optimizer!r}.')
+  return optax.chain(decay, opt)
+
+
+def _frozen_features(model, variables, images):
+  """Eval-mode encoder features [B, F] float32, no gradient to the encoder."""
+  out = model.apply(variables, images, train=False)
+  # The encoder is frozen: the classifier's loss must not train it.
+  return jax.lax.stop_gradient(out['features'].astype(jnp.float32))
+
+
+def _logits(params, features):
+  return features @ params['w'] + params['b']
+
+
+def make_step_fns(model, tx, view: augment.ViewConfig, mesh):
+  """(train_step, eval_counts), jitted with explicit shardings.
+
+  train_step(params, opt_state, variables, images uint8 [B,H,W,C], labels [B],
+  rng) -> (params, opt_state, loss): one SGD/Adam step on the augmented
+  batch. eval_counts(params, variables, images, labels, mask) -> (top-1
+  correct, top-5 correct, count), int32 scalars over the global batch.
+  """
+  replicated = NamedSharding(mesh, P())
+  rows = NamedSharding(mesh, P('data'))
+
+  @functools.partial(
+      jax.jit, in_shardings=(replicated, replicated, replicated, rows, rows,
+                             replicated),
+      out_shardings=(replicated, replicated, replicated),
+      donate_argnums=(0, 1))
+  def train_step(params, opt_state, variables, images, labels, rng):
+    x = augment.augment_batch(rng, images, (view,))[:, 0]
+    features = _frozen_features(model, variables, x)
+
+    def loss_fn(p):
+      ce = optax.softmax_cross_entropy_with_integer_labels(
+          _logits(p, features), labels)
+      return jnp.mean(ce)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  @functools.partial(
+      jax.jit, in_shardings=(replicated, replicated, rows, rows, rows),
+      out_shardings=replicated)
+  def eval_counts(params, variables, images, labels, mask):
+    features = _frozen_features(model, variables,
+                                images.astype(jnp.float32) / 255.)
+    logits = _logits(params, features)
+    top5 = jax.lax.top_k(logits, min(5, logits.shape[-1]))[1]
+    hit1 = top5[:, 0] == labels
+    hit5 = jnp.any(top5 == labels[:, None], axis=-1)
+    return (jnp.sum(hit1 & mask), jnp.sum(hit5 & mask), jnp.sum(mask))
+
+  return train_step, eval_counts
+
+
+def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
+                      cfg: ProbeConfig, num_classes: int, seed: int = 0,
+                      eval_batch_size: int = 256,
+                      bar_desc: str = 'linear evaluation'
+                      ) -> dict[str, Any]:
+  """Trains and scores a linear classifier on the frozen encoder.
+
+  Args:
+    model: the ContrastiveModel (or a method's wrapper of it).
+    variables: {'params', 'batch_stats'} of the frozen encoder.
+    train_source, eval_source: sources (input_pipeline/sources.py).
+    mesh: the device mesh with a 'data' axis; batches are sharded over it.
+    cfg: the recipe (`get_config`).
+    num_classes: C.
+    seed: the order of training examples and the augmentation draws.
+    eval_batch_size: global batch of the evaluation passes.
+    bar_desc: the progress bar's label (progress.py decides if it shows).
+
+  Returns:
+    {'top1_last', 'top5_last', 'top1_best', 'best_epoch' (1-based),
+    'train_loss_last' (mean over the last epoch's steps), 'top1_per_epoch',
+    'seconds', 'classifier' ({'w': [F, C], 'b': [C]}, replicated)}. `top1_best` selects on the evaluation split, as some papers'
+    code does (CACR prints it); `top1_last` is the honest number.
+  """
+  t0 = time.time()
+  if cfg.epochs < 1:
+    raise ValueError(f'linear evaluation needs epochs >= 1; got {cfg.epochs}.')
+  rows = NamedSharding(mesh, P('data'))
+  batches = pipeline.TrainBatches(train_source, global_batch_size=min(
+      cfg.batch_size, len(train_source)), seed=seed, sharding=rows)
+  if batches.global_batch_size % mesh.size:
+    raise ValueError(f'the linear evaluation batch {batches.global_batch_size}'
+                     f' is not divisible by the {mesh.size} devices; set '
+                     'config.eval.linear_eval_batch_size to a multiple.')
+  steps_per_epoch = batches.steps_per_epoch
+  tx = optimizer(cfg, steps_per_epoch)
+  feature_dim = jax.eval_shape(
+      lambda x: model.apply(variables, x, train=False)['features'],
+      jax.ShapeDtypeStruct((1,) + tuple(train_source.image_shape),
+                           jnp.float32)).shape[-1]
+  # Zero-initialised, as the MoCo code's classifier; replicated on the mesh.
+  replicated = NamedSharding(mesh, P())
+  params = jax.device_put({
+      'w': jnp.zeros((feature_dim, num_classes), jnp.float32),
+      'b': jnp.zeros((num_classes,), jnp.float32)}, replicated)
+  opt_state = jax.jit(tx.init, out_shardings=replicated)(params)
+  train_step, eval_counts = make_step_fns(model, tx, cfg.view, mesh)
+  key = jax.random.key(seed)
+  top1, top5, losses = [], [], []
+  total = cfg.epochs * steps_per_epoch
+  with progress.bar(total, bar_desc, unit='step') as bar:
+    for epoch in range(cfg.epochs):
+      epoch_losses = []
+      first = epoch * steps_per_epoch
+      for step, batch in enumerate(
+          batches.iterate(first, first + steps_per_epoch), start=first):
+        params, opt_state, loss = train_step(
+            params, opt_state, variables, batch['image'], batch['label'],
+            jax.random.fold_in(key, step))
+        epoch_losses.append(loss)
+        bar.update(1)
+      hits1 = hits5 = count = 0
+      for batch in pipeline.eval_batches(eval_source,
+                                         batch_size=eval_batch_size,
+                                         sharding=rows):
+        c1, c5, n = eval_counts(params, variables, batch['image'],
+                                batch['label'], batch['mask'])
+        hits1, hits5, count = hits1 + c1, hits5 + c5, count + n
+      top1.append(float(hits1 / count))
+      top5.append(float(hits5 / count))
+      losses.append(float(np.mean(jax.device_get(epoch_losses))))
+      bar.set_postfix_str(f'epoch {epoch + 1}/{cfg.epochs} top-1 '
+                          f'{100 * top1[-1]:.2f}%')
+  best = int(np.argmax(top1))
+  out = {'top1_last': top1[-1], 'top5_last': top5[-1], 'top1_best': top1[best],
+         'best_epoch': best + 1, 'train_loss_last': losses[-1],
+         'top1_per_epoch': top1, 'seconds': round(time.time() - t0, 1),
+         'classifier': params}
+  logging.info('linear evaluation (%s, %d epochs of %d steps): top-1 %.2f%% '
+               '(best %.2f%% at epoch %d) (%.1f s)', cfg.optimizer,
+               cfg.epochs, steps_per_epoch, 100 * out['top1_last'],
+               100 * out['top1_best'], out['best_epoch'], out['seconds'])
+  return out
