@@ -78,9 +78,11 @@ def learning_rate_schedule(config, total_steps: int) -> optax.Schedule:
     # rounds to 0 steps keeps optax's 1-step warmup, as runs always have.)
     return optax.cosine_decay_schedule(peak, max(total_steps, 1))
   if kind == 'cosine':
+    # warmup + 2: a run of 0 or 1 steps (the study's untrained baselines)
+    # still gets a valid schedule; from 2 steps on this is total_steps.
     return optax.warmup_cosine_decay_schedule(
         init_value=0., peak_value=peak, warmup_steps=max(warmup, 1),
-        decay_steps=max(total_steps, warmup + 1), end_value=0.)
+        decay_steps=max(total_steps, warmup + 2), end_value=0.)
   if kind != 'step':
     raise ValueError(f'config.optimizer.schedule={kind!r}; known: cosine, '
                      'step.')

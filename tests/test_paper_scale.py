@@ -161,3 +161,19 @@ def test_moco_v3_queries_are_predictions_and_keys_ema_projections():
   # really are the predictor's.
   proj = outputs(s0.params, s0.batch_stats)['projection']
   assert abs(_numpy_symmetric_infonce(proj, keys, 1.0) - want) > 1e-3
+
+
+@pytest.mark.parametrize('warmup_fraction', [0.05, 0.])
+def test_schedules_of_runs_without_training_steps(warmup_fraction):
+  # num_epochs = 0 (untrained baselines) or 1 step: a valid schedule, and
+  # from 2 steps on the warmup-cosine schedule is unchanged (closed form).
+  config = default.get_config()
+  config.optimizer.warmup_fraction = warmup_fraction
+  for total in (0, 1):
+    assert np.isfinite(float(train.learning_rate_schedule(config, total)(0)))
+  peak = config.optimizer.base_learning_rate * config.batch_size / 256
+  lr = train.learning_rate_schedule(config, 100)
+  warmup = int(warmup_fraction * 100)
+  for t in (10, 50, 99):
+    want = peak * 0.5 * (1 + np.cos(np.pi * (t - warmup) / (100 - warmup)))
+    assert float(lr(t)) == pytest.approx(want, abs=1e-6 * peak)
