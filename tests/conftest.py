@@ -6,6 +6,20 @@ here, in the first file pytest imports.
 import os
 
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+# JAX's persistent compilation cache, one directory per test process (each
+# xdist worker), inherited by the main.py runs and notebook kernels the tests
+# start: the many runs of the same small configs load the programs compiled
+# once. It changes what is compiled, never a result. Never shared between
+# workers: without the optional filelock package the cache's writes are not
+# atomic; sub-processes one test starts at the same time could still race
+# (a reader seeing a half-written entry), and JAX then warns and compiles
+# (jax_raise_persistent_cache_errors is off), so a result never depends on it.
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  import tempfile  # noqa: E402
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(
+      prefix='contrastive_jax_compile_cache_')
+  os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
+  os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import jax  # noqa: E402
@@ -14,16 +28,3 @@ import jax  # noqa: E402
 # change the dtypes under test, so losses are checked in float32 to 1e-5.
 jax.config.update('jax_default_matmul_precision', 'highest')
 
-
-def compilation_cache_env(directory) -> dict[str, str]:
-  """Environment giving a subprocess JAX's persistent compilation cache.
-
-  For tests that start main.py (or a kernel) several times in sequence: the
-  later runs load the programs the earlier ones compiled. It changes what is
-  compiled, never a result. One directory per test, never shared by
-  processes that run at the same time (the cache's writes are not atomic
-  without the optional filelock package).
-  """
-  return {'JAX_COMPILATION_CACHE_DIR': str(directory),
-          'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
-          'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0'}

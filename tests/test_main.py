@@ -65,11 +65,12 @@ def test_nan_guard_message_is_last_and_checkpoints_are_complete(
 
 def test_sigterm_saves_the_step_reached_and_exits_143(folder, tmp_path):
   # 8 steps of 32; SIGTERM once the first regular checkpoint (step 2) exists.
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8')
   proc = subprocess.Popen(
       _flags(folder, tmp_path, '--config.checkpoint_every_steps=2',
              '--config.log_every_steps=1'),
       cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      env=dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8'))
+      env=env)
   deadline = time.time() + 300
   while '2' not in _checkpoint_dirs(tmp_path) and time.time() < deadline:
     assert proc.poll() is None, proc.communicate()[1][-2000:]
@@ -90,7 +91,7 @@ def test_sigterm_saves_the_step_reached_and_exits_143(folder, tmp_path):
       _flags(folder, tmp_path, '--config.checkpoint_every_steps=2',
              '--config.log_every_steps=1'),
       cwd=REPO, capture_output=True, text=True, timeout=600,
-      env=dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8'))
+      env=env)
   assert out.returncode == 0, out.stderr[-2000:]
   with open(tmp_path / 'results.json') as f:
     results = json.load(f)

@@ -17,7 +17,6 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), 'notebooks'))
 import execute  # noqa: E402  (notebooks/execute.py)
-from conftest import compilation_cache_env  # noqa: E402
 
 DUMP = 'import json; print("JSON:" + json.dumps({}))'
 
@@ -79,9 +78,7 @@ def test_losses_notebook():
 
 
 def test_train_then_checkpoint_notebooks(tmp_path):
-  # 03 restores 02's encoder: it loads the programs 02 compiled.
-  env = {'NOTEBOOK_WORKDIR': str(tmp_path),
-         **compilation_cache_env(tmp_path / 'jax_cache')}
+  env = {'NOTEBOOK_WORKDIR': str(tmp_path)}
   nb, v = _run('02_train', ['results', 'history'], env=env)
   with open(tmp_path / 'results.json') as f:
     assert v['results'] == json.load(f)

@@ -23,7 +23,6 @@ import pytest
 import configs.papers
 from configs.papers import common
 from contrastive_jax import train
-from conftest import compilation_cache_env
 from synthetic_data import make_jpeg_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,14 +81,6 @@ def folder(tmp_path_factory):
   return root
 
 
-@pytest.fixture(scope='module')
-def compilation_cache(tmp_path_factory):
-  """One cache per worker for its runs, which run one after the other: they
-  share most programs (evaluation, augmentation, the encoder at a scale);
-  a second run of the same scale took 18 s instead of 39 s here."""
-  return compilation_cache_env(tmp_path_factory.mktemp('jax'))
-
-
 # Cut-down sizes: 16 devices x 2 images, 2 steps, 32 px, one block per
 # stage of width 8; evaluation on 32 images: the kNN and 1 epoch of the
 # papers' linear evaluation (the fast L-BFGS probe, tested elsewhere, off).
@@ -122,7 +113,6 @@ RUNS = sorted([(m, 'imagenet' if i % 2 == 0 else 'cifar10')
 
 @pytest.mark.parametrize('method,scale', RUNS)
 def test_runs_two_steps_on_16_devices_through_main(method, scale, folder,
-                                                   compilation_cache,
                                                    tmp_path):
   workdir = str(tmp_path / 'run')
   cut = dict(CUT, **{'dataset.data_dir': folder})
@@ -134,7 +124,9 @@ def test_runs_two_steps_on_16_devices_through_main(method, scale, folder,
       # LLVM optimisation level 0: the CPU backend compiles these programs
       # ~2x faster (the step: 13 s instead of 29 s); XLA's HLO passes, the
       # partitioning over the 16 devices included, run as usual.
-      env=dict(os.environ, **compilation_cache,
+      # The worker's compilation cache (conftest.py) is inherited: the runs
+      # share most programs (a second run at a scale: 18 s instead of 39 s).
+      env=dict(os.environ,
                XLA_FLAGS='--xla_force_host_platform_device_count=16 '
                          '--xla_backend_optimization_level=0'))
   assert out.returncode == 0, out.stderr[-4000:]

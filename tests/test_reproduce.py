@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from benchmarks import reproduce
-from conftest import compilation_cache_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -126,9 +125,7 @@ def test_quick_study_end_to_end(tmp_path):
   out = str(tmp_path / 'study')
   cmd = [sys.executable, '-m', 'benchmarks.reproduce', '--quick',
          f'--out={out}', '--retries=0']
-  # The three runs share most programs: a compilation cache (one after the
-  # other, never concurrent) lets the later ones load them.
-  env = dict(os.environ, **compilation_cache_env(tmp_path / 'jax_cache'))
+  env = dict(os.environ)
   env.pop('XLA_FLAGS', None)     # reproduce sets it for main.py itself.
   first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=3600)

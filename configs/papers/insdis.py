@@ -18,7 +18,8 @@ sharded over the devices. Evaluated with MoCo's linear classification.
 Paper: 54.0% top-1 linear (ResNet-50, the paper's Table 2 / MoCo's Table 1).
 
 cifar10 / cifar100: the same method with lightly's CIFAR optimizer
-(common.sgd_cifar) and the paper's 1-layer 128-d embedding. Paper: 80.4%
+(common.sgd_cifar) and the paper's 1-layer 128-d embedding. Paper (quoted
+without the paper at hand, unverified here): 80.4%
 kNN top-1 on CIFAR-10 (ResNet-18, NCE with 4096 noise rows; the paper's
 Table 1 reports it for its own 200-epoch schedule); no CIFAR-100 number.
 

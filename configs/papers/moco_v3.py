@@ -24,7 +24,8 @@ cifar10 / cifar100: solo-learn's MoCo v3 CIFAR recipe (LARS lr 0.3 x B / 256,
 batch 256, weight decay 1e-5, 10 warmup epochs, tau 0.2, momentum 0.99 to 1,
 projector 512-4096-256, predictor 4096) for 200 epochs, the lightly
 benchmark's length (solo-learn trains 1000). Paper: solo-learn's CIFAR-10
-linear top-1 93.1% at 1000 epochs (a peer's number, not measured here).
+linear top-1 93.1% at 1000 epochs (a peer's number, quoted without its
+source at hand: unverified here; not measured here).
 
 Differs from the paper: the projector's last layer has no BatchNorm (the
 paper's has an affine-free BN) and the predictor's last layer none either;

@@ -16,7 +16,7 @@ strength 1.0, grayscale 0.2, blur 0.5, flip), 100 epochs; add
 --config.optimizer.warmup_fraction=0.1) for the long schedule. Evaluated with
 the paper's linear evaluation (SGD + Nesterov, 90 epochs, augmented images).
 Paper: 69.3% top-1 linear, ResNet-50 (1x), 1000 epochs (Table 6); 100
-epochs at batch 4096 is about 64-65% (read from Figure 9 / Table B.1).
+epochs at batch 4096 is about 64-65% (read off Figure 9; unverified here).
 
 cifar10 / cifar100: lightly's CIFAR-10 benchmark recipe (common.sgd_cifar:
 ResNet-18 with the CIFAR stem, batch 512, 200 epochs, SGD 0.06 x B / 128,

@@ -11,7 +11,8 @@ says how to prepare ImageNet and join the hosts):
 
 imagenet: ResNet-50, tau 0.1, L_out, LARS with SimCLR's settings at batch
 4096, 10 warmup epochs then cosine, 2048-2048-128 head, SimCLR's
-augmentation, 350 epochs. Paper: 78.7% top-1 (ResNet-50, Table 1), with
+augmentation, 350 epochs. Paper: 78.7% top-1 (ResNet-50, Table 1; the
+batch and epochs quoted without the paper at hand, unverified here), with
 AutoAugment and batch 6144 over 700 epochs, which this does not follow (no
 AutoAugment here; --config.batch_size=6144 --config.num_epochs=700 for the
 paper's size).
