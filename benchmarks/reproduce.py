@@ -140,6 +140,7 @@ QUICK = {
     # full splits was most of the --quick test's time.
     'dataset.eval_split': 'test[:2000]',
     'eval.linear_max_iter': 5,
+    'eval.embedding_points': 256,
     'checkpoint_every_steps': 4,
     'log_every_steps': 2,
 }

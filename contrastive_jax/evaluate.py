@@ -164,9 +164,6 @@ def score(name: str, train: Features, test: Features, *, config, mesh,
   return out
 
 
-# Test examples kept per representation for summary.png's 2-D embedding.
-EMBEDDING_POINTS = 2000
-
 
 def evaluate_all(config, feature_fn, states: dict, train_data, test_data,
                  mesh) -> tuple[dict[str, float], dict]:
@@ -177,8 +174,9 @@ def evaluate_all(config, feature_fn, states: dict, train_data, test_data,
 
   Returns:
     (results, embeddings): the accuracies, keys '<representation>/<metric>';
-    and per representation the first `EMBEDDING_POINTS` evaluation examples'
-    (features [n, F], labels [n]) as numpy, for `plot_run`.
+    and per representation the first `config.eval.embedding_points`
+    evaluation examples' (features [n, F], labels [n]) as numpy, for
+    `plot_run` (none when 0).
   """
   num_classes = max(train_data.num_classes, test_data.num_classes)
   kw = dict(config=config, mesh=mesh, num_classes=num_classes)
@@ -196,7 +194,8 @@ def evaluate_all(config, feature_fn, states: dict, train_data, test_data,
                                       bar=bar)
                      for d in (train_data, test_data))
       results.update(score(name, train, test, bar=bar, **kw))
-    embeddings[name] = first_rows(test, EMBEDDING_POINTS)
+    if points := config.eval.get('embedding_points', 2000):
+      embeddings[name] = first_rows(test, points)
   return results, embeddings
 
 
