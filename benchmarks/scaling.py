@@ -219,23 +219,14 @@ def exponent(sizes, values) -> float:
 def step_worker(batch: int, views: int, steps: int, cache_dir: str) -> dict:
   """train_step.run_step for the default model with `views` views.
 
-  run_step takes its config from train_step._config, which keeps the default
-  2 views; this fresh process swaps in a wrapper that sets num_views (the
-  views' array shape and the loss follow from the config). Compiled programs
-  go to jax's persistent cache in `cache_dir` (read before jax is imported):
-  later rounds of a point load them, which halves a row's ~20 s overhead.
+  Compiled programs go to jax's persistent cache in `cache_dir` (read before
+  jax is imported): later rounds of a point load them, which halves a row's
+  ~20 s overhead.
   """
   os.environ['JAX_COMPILATION_CACHE_DIR'] = cache_dir
   os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
-  base_config = train_step._config  # pylint: disable=protected-access
-
-  def config_with_views(model: str, batch_size: int):
-    config = base_config(model, batch_size)
-    config.augment.num_views = views
-    return config
-
-  train_step._config = config_with_views  # pylint: disable=protected-access
-  return train_step.run_step('default', DEVICES, batch, steps)
+  return train_step.run_step('default', DEVICES, batch, steps,
+                             num_views=views)
 
 
 def loss_worker(name: str, sizes: list[int], rows: int, repeats: int,

@@ -87,10 +87,11 @@ def _timed(fn, *args, steps: int) -> list[float]:
   return times
 
 
-def _config(model: str, batch: int):
+def _config(model: str, batch: int, num_views: int = 2):
   from configs import default  # pylint: disable=g-import-not-at-top
   config = default.get_config()
   config.batch_size = batch
+  config.augment.num_views = num_views
   if model == 'resnet18':
     config.model.encoder = 'resnet18'
     config.model.encoder_kwargs = {'stem': 'cifar'}
@@ -127,7 +128,8 @@ def run_peak() -> dict:
   return {'peak_gflops': 2 * n**3 / best / 1e9}
 
 
-def run_step(model: str, devices: int, batch: int, steps: int) -> dict:
+def run_step(model: str, devices: int, batch: int, steps: int,
+             num_views: int = 2) -> dict:
   """Times the configured train step; see the module docstring."""
   _worker_setup(devices)
   import jax  # pylint: disable=g-import-not-at-top
@@ -137,7 +139,7 @@ def run_step(model: str, devices: int, batch: int, steps: int) -> dict:
   from contrastive_jax import train  # pylint: disable=g-import-not-at-top
 
   assert jax.device_count() == devices, jax.devices()
-  config = _config(model, batch)
+  config = _config(model, batch, num_views)
   mesh = train.create_mesh()
   setup = _build(config, mesh, model)
   init_fn, step_fn = setup.init_fn, setup.step_fn
