@@ -27,6 +27,18 @@ step, as in train.py where it is a separate jitted function).
 The machine is shared (2 cores, other jobs running): the load average is
 printed before and after, and timings are the median of the timed steps.
 
+`--peer` (the comparison the project is held to): the default step on
+`--peer_devices` devices and the PyTorch peer of the same step
+(`../shared/tools/torch_default_step.py`: the same SmallCNN, head, NT-Xent
+and AdamW; its best of NCHW and channels-last), alternated for `--rounds`
+rounds in one run, each in a fresh process; prints both img/s per round,
+their medians and ours / peer. The peer runs from a separate interpreter
+with torch (`--torch_python`; the project does not install torch):
+
+    python3 -m venv /tmp/torchvenv
+    /tmp/torchvenv/bin/pip install torch==2.13.0 numpy
+    PYTHONPATH=. .venv/bin/python benchmarks/train_step.py --peer
+
 `--profile` breaks the default 1-device step down: forward only, forward +
 loss, forward + backward, the full step, then each SmallCNN stage's conv,
 BN + ReLU and max-pool, forward + backward, in isolation at the step's shapes.
@@ -35,6 +47,7 @@ BN + ReLU and max-pool, forward + backward, in isolation at the step's shapes.
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -74,10 +87,11 @@ def _timed(fn, *args, steps: int) -> list[float]:
   return times
 
 
-def _config(model: str, batch: int):
+def _config(model: str, batch: int, num_views: int = 2):
   from configs import default  # pylint: disable=g-import-not-at-top
   config = default.get_config()
   config.batch_size = batch
+  config.augment.num_views = num_views
   if model == 'resnet18':
     config.model.encoder = 'resnet18'
     config.model.encoder_kwargs = {'stem': 'cifar'}
@@ -114,7 +128,8 @@ def run_peak() -> dict:
   return {'peak_gflops': 2 * n**3 / best / 1e9}
 
 
-def run_step(model: str, devices: int, batch: int, steps: int) -> dict:
+def run_step(model: str, devices: int, batch: int, steps: int,
+             num_views: int = 2) -> dict:
   """Times the configured train step; see the module docstring."""
   _worker_setup(devices)
   import jax  # pylint: disable=g-import-not-at-top
@@ -124,7 +139,7 @@ def run_step(model: str, devices: int, batch: int, steps: int) -> dict:
   from contrastive_jax import train  # pylint: disable=g-import-not-at-top
 
   assert jax.device_count() == devices, jax.devices()
-  config = _config(model, batch)
+  config = _config(model, batch, num_views)
   mesh = train.create_mesh()
   setup = _build(config, mesh, model)
   init_fn, step_fn = setup.init_fn, setup.step_fn
@@ -263,6 +278,55 @@ def _subprocess(args: list[str]) -> dict:
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+PEER_SCRIPT = os.path.join(os.path.dirname(ROOT), 'shared', 'tools',
+                           'torch_default_step.py')
+TORCH_PYTHON = '/tmp/torchvenv/bin/python'
+
+
+def run_peer(torch_python: str, batch: int, steps: int) -> float:
+  """The PyTorch peer's best img/s (NCHW or channels-last), fresh process."""
+  proc = subprocess.run([torch_python, PEER_SCRIPT, str(batch), str(steps)],
+                        capture_output=True, text=True, check=False)
+  if proc.returncode:
+    raise RuntimeError(f'the PyTorch peer failed:\n{proc.stderr[-3000:]}')
+  best = [l for l in proc.stdout.splitlines() if l.startswith('torch best')]
+  return float(best[-1].split(',')[-1].split()[0])
+
+
+def compare_with_peer(args) -> None:
+  """Ours and the PyTorch peer alternated; prints img/s and the ratio."""
+  missing = [p for p in (PEER_SCRIPT, args.torch_python)
+             if not os.path.exists(p)]
+  if missing:
+    sys.exit(f'--peer needs {" and ".join(missing)}; create the interpreter '
+             f'with: python3 -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip'
+             f' install torch==2.13.0 numpy')
+  batch = 512
+  print(f'\nDefault step, batch {batch} x 2 views of 28x28x1: ours on '
+        f'{args.peer_devices} CPU devices vs the PyTorch peer (best layout), '
+        f'alternated, {args.steps} timed steps each')
+  print(f'{"round":<8}{"ours img/s":>12}{"peer img/s":>12}{"ours/peer":>11}')
+  ours, peer = [], []
+  for r in range(args.rounds):
+    res = _subprocess(['--job', json.dumps(
+        {'kind': 'step', 'model': 'default', 'devices': args.peer_devices,
+         'batch': batch, 'steps': args.steps})])
+    ours.append(batch / res['step_s'])
+    peer.append(run_peer(args.torch_python, batch, args.steps))
+    print(f'{r + 1:<8}{ours[-1]:>12.0f}{peer[-1]:>12.0f}'
+          f'{ours[-1] / peer[-1]:>10.2f}x', flush=True)
+  o, p = statistics.median(ours), statistics.median(peer)
+  print(f'{"median":<8}{o:>12.0f}{p:>12.0f}{o / p:>10.2f}x')
+  peak = _subprocess(['--job', json.dumps({'kind': 'peak'})])['peak_gflops']
+  # The model's FLOPs from the 1-device executable (as the table's MFU).
+  flops = _subprocess(['--job', json.dumps(
+      {'kind': 'step', 'model': 'default', 'devices': 1, 'batch': batch,
+       'steps': 1})])['flops_per_device']
+  mfu = flops * o / batch / (peak * 1e9)
+  print(f'ours: {flops / 1e9:.1f} GFLOP/step, MFU {100 * mfu:.1f}% '
+        f'of the measured matmul peak ({peak:.0f} GFLOP/s, 2048^3 float32)')
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--steps', type=int, default=5,
@@ -271,6 +335,14 @@ def main():
                       help='only the breakdown of the default step')
   parser.add_argument('--models', default='default,resnet18-cifar',
                       help='comma-separated row labels to run')
+  parser.add_argument('--peer', action='store_true',
+                      help='only ours vs the PyTorch peer, alternated')
+  parser.add_argument('--peer_devices', type=int, default=2,
+                      help='CPU devices of our side of --peer')
+  parser.add_argument('--rounds', type=int, default=3,
+                      help='alternations of ours and the peer (--peer)')
+  parser.add_argument('--torch_python', default=TORCH_PYTHON,
+                      help='an interpreter with torch 2.13 (--peer)')
   parser.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
   parser.add_argument('--job', default='', help=argparse.SUPPRESS)
   args = parser.parse_args()
@@ -284,6 +356,10 @@ def main():
 
   print(f'load average before: {os.getloadavg()} on {os.cpu_count()} CPUs '
         '(shared machine: other jobs compete for the cores)')
+  if args.peer:
+    compare_with_peer(args)
+    print(f'\nload average after: {os.getloadavg()}')
+    return
   if args.profile:
     res = _subprocess(['--job', json.dumps(
         {'kind': 'profile', 'steps': args.steps})])

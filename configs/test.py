@@ -27,6 +27,5 @@ def get_config():
   config.checkpoint_every_steps = 2
   config.eval.batch_size = 64
   config.eval.knn_ks = (5,)
-  config.eval.linear_max_iter = 50
   config.eval.embedding_points = 256     # t-SNE of 1,024 points: ~3 s/map.
   return config

@@ -96,6 +96,26 @@ def test_hard_negative_floor_applies_while_estimate_still_positive():
   np.testing.assert_allclose(loss, want, **TOL)
 
 
+def test_hard_negative_weight_metrics_match_a_numpy_loop():
+  # w_n = K e^{beta l_n} / sum_n' e^{beta l_n'} over each anchor's K
+  # negatives: the mean over anchors of max_n w_n and of sum_n w_n cos_n / K.
+  z = rand(5, 3, 8, seed=18)
+  tau, beta = 0.2, 1.5
+  _, m = J(baselines.hard_negative, z, temperature=tau, beta=beta)
+  u = z / np.linalg.norm(z, axis=-1, keepdims=True)
+  w_max, w_sim = [], []
+  for i in range(5):
+    for a in range(3):
+      cos = np.array([u[i, a] @ u[j, b] for j in range(5) if j != i
+                      for b in range(3)], np.float64)
+      w = len(cos) * np.exp(beta * cos / tau) / np.exp(beta * cos / tau).sum()
+      w_max.append(w.max())
+      w_sim.append(np.sum(w * cos) / len(cos))
+  np.testing.assert_allclose(m['neg_weight_max'], np.mean(w_max), rtol=1e-5)
+  np.testing.assert_allclose(m['weighted_neg_sim'], np.mean(w_sim),
+                             rtol=1e-5, atol=1e-6)
+
+
 def test_hard_negative_beta0_tauplus0_v2_equals_ntxent():
   z = rand(6, 2, 8, seed=15)
   loss, m = J(baselines.hard_negative, z, temperature=0.3, beta=0.,

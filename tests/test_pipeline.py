@@ -118,6 +118,45 @@ def test_grayscale_matches_luma_and_is_identity_on_one_channel():
   np.testing.assert_array_equal(np.asarray(augment.to_grayscale(one)), one)
 
 
+def _jitter_reference(img, b, c, s, hue, order):
+  """SimCLR's colour jitter, one op after another on the image (float64)."""
+  luma = np.array([0.299, 0.587, 0.114])
+  to_yiq = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322],
+                     [0.211, -0.523, 0.312]])
+  x = img.astype(np.float64)
+  colour = x.shape[-1] == 3
+  gray = lambda x: (x @ luma)[..., None] if colour else x
+  for op in order:
+    if op == 0:
+      x = x * b
+    elif op == 1:
+      m = np.mean(gray(x))
+      x = (x - m) * c + m
+    elif op == 2 and colour:
+      x = (x - gray(x)) * s + gray(x)
+    elif op == 3 and colour:
+      yiq = x @ to_yiq.T
+      t = 2 * np.pi * hue
+      i, q = yiq[..., 1].copy(), yiq[..., 2].copy()
+      yiq[..., 1] = np.cos(t) * i - np.sin(t) * q
+      yiq[..., 2] = np.sin(t) * i + np.cos(t) * q
+      x = yiq @ np.linalg.inv(to_yiq).T
+  return np.clip(x, 0., 1.)
+
+
+@pytest.mark.parametrize('channels', [1, 3])
+def test_jitter_equals_the_four_ops_applied_in_any_order(channels):
+  rng = np.random.default_rng(channels)
+  img = rng.random((6, 5, channels)).astype(np.float32)
+  # Strong factors, so that the clip binds for some pixels.
+  b, c, s, hue = 1.6, 0.3, 1.7, -0.17
+  got = np.asarray(jax.jit(augment.jitter)(jnp.asarray(img), b, c, s, hue))
+  assert 0 < np.mean((got == 0) | (got == 1)) < 1
+  for order in ([0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2], [2, 0, 3, 1]):
+    np.testing.assert_allclose(
+        got, _jitter_reference(img, b, c, s, hue, order), atol=2e-6)
+
+
 _SIZE, _NUM_VIEWS = 14, 3
 
 

@@ -1,10 +1,13 @@
-"""The fast linear probe on frozen (cached) features: L-BFGS.
+"""The fast linear probe on frozen (cached) features: preconditioned L-BFGS.
 
 `logistic_regression`: full-batch multinomial logistic regression with L2
-regularisation, solved to convergence with L-BFGS. Deterministic, no learning
-rate or epochs to tune; the cheap probe for monitoring, ablations and small
-features (features optionally L2-normalised first). Its numbers are not the
-papers' protocol, which trains a classifier by SGD on augmented images
+regularisation, solved to convergence with L-BFGS on a whitened
+parametrisation (W = P U, P whitening the features' covariance), which reaches
+the optimum in ~6x fewer passes over the features than plain L-BFGS on
+contrastive features, whose covariance is far from isotropic.
+Deterministic, no learning rate or epochs to tune; the cheap probe for
+monitoring, ablations and small features (features optionally L2-normalised
+first). Its numbers are not the papers' protocol, which trains a classifier by SGD on augmented images
 through the frozen encoder: that is `linear_eval.py`.
 
 Accuracies are fractions in [0, 1].
@@ -12,10 +15,13 @@ Accuracies are fractions in [0, 1].
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import scipy.linalg
 
 from contrastive_jax.losses.common import l2_normalize
 
@@ -52,20 +58,94 @@ def _check_xy(x, y, name):
 # ---------------------------------------------------------------------------
 
 
-def _lbfgs_step(x, y, mask, l2):
-  """One L-BFGS iteration on (params, state) for mean CE + l2 / 2 ||W||^2
-  (bias unpenalised).
+# Rows of the strided sample that estimates the features' covariance for
+# the preconditioner: enough for a D <= 2048 covariance to ~1% (a few
+# eigenvalues further off only slow L-BFGS down a little; the optimum is the
+# same whatever P is), and a fraction of one L-BFGS iteration's cost at 60k.
+PRECOND_ROWS = 16384
+
+
+@functools.partial(jax.jit, static_argnames=('replicated',))
+def _moments(x, mask, *, replicated):
+  """(mu [D], Sigma [D, D]): mean and covariance of (a strided sample of <=
+  PRECOND_ROWS) unmasked rows of x, replicated on every device (`replicated`:
+  the mesh's replicated sharding; None for a single-device x)."""
+  stride = max(1, x.shape[0] // PRECOND_ROWS)
+  xs, ms = x[::stride], mask[::stride, None]
+  mu = jnp.sum(xs * ms, axis=0) / jnp.sum(ms)
+  xc = (xs - mu) * ms
+  cov = xc.T @ xc / jnp.sum(ms)
+  if replicated is not None:
+    mu, cov = jax.lax.with_sharding_constraint((mu, cov), replicated)
+  return mu, cov
+
+
+def _preconditioner(x, mask, l2: float, *, num_classes: int):
+  """(mu [D], P [D, D]): the features' mean and P = L^-T, where
+  L L^T = Sigma / C + l2 I (Cholesky).
+
+  The objective is solved in U with W = P U_w and b = U_b - mu^T W, i.e.
+  logits = (x - mu) P U_w + U_b: the Hessian of the mean softmax
+  cross-entropy in W at W = 0 is Sigma (x) (I / C - 1 1^T / C^2) once the
+  features are centred (centring also decouples W from the bias), and the
+  penalty adds l2 I, so in U the curvature P^T (Sigma / C + l2 I) P = I
+  along every direction, and L-BFGS's few curvature pairs need not learn
+  the feature spectrum (eigenvalues spanning ~5 orders of magnitude on
+  trained encoders' features). Any P with P P^T = (Sigma / C + l2 I)^-1
+  whitens alike, and two such P differ by a rotation of U, to which L-BFGS
+  (inner products, scaled identity as initial Hessian) is invariant: the
+  Cholesky factor gives the iterates of the symmetric (Sigma / C + l2 I)^-1/2
+  for D^3 / 3 flops, against an eigendecomposition's ~10x that (3136-d:
+  0.9 s against 4.6 s here).
+
+  The factorisation runs on the host, in float64, once per process: under
+  SPMD on a multi-device CPU mesh XLA runs a replicated factorisation on
+  every device at once (an eigh of a 3136-d covariance took 200 s on 8
+  virtual devices against 3 s on one), and float64 keeps directions the
+  data never spans (eigenvalue l2 = 1e-5, against float32's ~1e-7 ||Sigma||
+  error) well conditioned. Every process computes the same P from the same
+  replicated Sigma.
+  """
+  sharding = getattr(x, 'sharding', None)
+  replicated = (jax.sharding.NamedSharding(sharding.mesh,
+                                           jax.sharding.PartitionSpec())
+                if isinstance(sharding, jax.sharding.NamedSharding) else None)
+  mu, cov = _moments(x, mask, replicated=replicated)
+  d = cov.shape[0]
+  chol = np.linalg.cholesky(np.asarray(cov, np.float64) / num_classes
+                            + l2 * np.eye(d))
+  precond = scipy.linalg.solve_triangular(
+      chol, np.eye(d), lower=True).T.astype(np.float32)
+  if replicated is not None:
+    return mu, jax.device_put(precond, replicated)
+  return mu, jnp.asarray(precond)
+
+
+def _weights(u, mu, precond):
+  """The probe's (W [D, C], b [C]) from the solver's U (`_preconditioner`)."""
+  w = precond @ u['w']
+  return w, u['b'] - mu @ w
+
+
+def _objective(x, y, mask, l2, mu, precond):
+  """U -> mean CE(x W + b, y) + l2 / 2 ||W||^2, (W, b) = `_weights(U)`.
 
   x: [N, D] float32 features (sharded by rows or not: under jit the
   partitioner reduces the mean across devices and processes); y: [N] int32
   labels; mask: [N] float32, 1 for real rows, 0 for padding (left out of the
-  mean).
+  mean); mu, precond: [D], [D, D]. The cost per evaluation is that of plain
+  logistic regression (N D C) plus D^2 C.
   """
-  def objective(p):
-    logits = x @ p['w'] + p['b']
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-    return jnp.sum(ce * mask) / jnp.sum(mask) + 0.5 * l2 * jnp.sum(jnp.square(p['w']))
+  def objective(u):
+    w, b = _weights(u, mu, precond)
+    ce = optax.softmax_cross_entropy_with_integer_labels(x @ w + b, y)
+    return (jnp.sum(ce * mask) / jnp.sum(mask)
+            + 0.5 * l2 * jnp.sum(jnp.square(w)))
+  return objective
 
+
+def _lbfgs_step(objective):
+  """One L-BFGS iteration on (params, state)."""
   solver = optax.lbfgs()
   # Reuses the value and gradient the line search already computed.
   value_and_grad = optax.value_and_grad_from_state(objective)
@@ -81,10 +161,11 @@ def _lbfgs_step(x, y, mask, l2):
 
 
 @jax.jit
-def _lbfgs_until(carry, x, y, mask, l2, tol, until):
+def _lbfgs_until(carry, x, y, mask, l2, mu, precond, tol, until):
   """L-BFGS iterations from `carry` until `until` in all or ||grad|| < tol.
 
-  `until` is traced: the chunks of one fit share one compilation.
+  `until` is traced: the chunks of one fit share one compilation. The
+  gradient is in U (the preconditioned parameters).
   """
   def not_done(carry):
     _, state = carry
@@ -92,27 +173,37 @@ def _lbfgs_until(carry, x, y, mask, l2, tol, until):
     grad_norm = optax.tree.norm(optax.tree.get(state, 'grad'))
     return (count == 0) | ((count < until) & (grad_norm >= tol))
 
-  return jax.lax.while_loop(not_done, _lbfgs_step(x, y, mask, l2), carry)
+  step = _lbfgs_step(_objective(x, y, mask, l2, mu, precond))
+  return jax.lax.while_loop(not_done, step, carry)
 
 
 def _fit_logistic(x, y, mask, l2, tol, *, num_classes, max_iter,
-                  on_progress=None):
-  """Minimises the probe's objective (`_lbfgs_step`) with L-BFGS from zero.
+                  precondition=True, on_progress=None):
+  """Minimises the probe's objective (`_objective`) with L-BFGS from zero.
 
   Runs in ~10 jitted chunks of iterations, so that `on_progress(iterations,
   max_iter)` can report after each; the iterates are those of one loop.
+  precondition=False: mu = 0, P = I (plain L-BFGS on W and b).
 
   Returns:
-    (params {'w': [D, C], 'b': [C]}, final objective, iterations, grad norm).
+    (params {'w': [D, C], 'b': [C]}, final objective, iterations, ||grad_U||).
   """
   d = x.shape[1]
+  if precondition:
+    mu, precond = _preconditioner(x, mask, float(l2), num_classes=num_classes)
+  else:
+    mu, precond = jnp.zeros((d,), jnp.float32), jnp.eye(d, dtype=jnp.float32)
   params = {'w': jnp.zeros((d, num_classes), jnp.float32),
             'b': jnp.zeros((num_classes,), jnp.float32)}
-  carry = (params, optax.lbfgs().init(params))
+  # optax's initial state holds weakly typed scalars, which one iteration
+  # turns strong: made strong here, every chunk shares one compilation.
+  carry = jax.tree.map(lambda a: a.astype(a.dtype),
+                       (params, optax.lbfgs().init(params)))
   chunk = max(1, -(-max_iter // 10))
   for until in range(chunk, max_iter + chunk, chunk):
     until = min(until, max_iter)
-    carry = _lbfgs_until(carry, x, y, mask, l2, tol, jnp.int32(until))
+    carry = _lbfgs_until(carry, x, y, mask, l2, mu, precond, tol,
+                         jnp.int32(until))
     count, grad_norm = jax.device_get(
         (optax.tree.get(carry[1], 'count'),
          optax.tree.norm(optax.tree.get(carry[1], 'grad'))))
@@ -120,7 +211,9 @@ def _fit_logistic(x, y, mask, l2, tol, *, num_classes, max_iter,
       on_progress(int(count), max_iter)
     if count < until or grad_norm < tol:   # Converged before the cap.
       break
-  params, state = carry
+  u, state = carry
+  w, b = _weights(u, mu, precond)
+  params = {'w': w, 'b': b}
   return (params, optax.tree.get(state, 'value'),
           optax.tree.get(state, 'count'),
           optax.tree.norm(optax.tree.get(state, 'grad')))
@@ -143,9 +236,9 @@ def _probe_accuracies(params, x, y, train_mask, tx, ty, test_mask):
 
 def logistic_regression(train_x, train_y, test_x, test_y, *, num_classes: int,
                         l2: float = 1e-5, normalize: bool = True,
-                        max_iter: int = 100, tol: float = 1e-5,
-                        train_mask=None, test_mask=None,
-                        on_progress=None) -> dict[str, float]:
+                        max_iter: int = 50, tol: float = 1e-5,
+                        precondition: bool = True, train_mask=None,
+                        test_mask=None, on_progress=None) -> dict[str, float]:
   """Multinomial logistic-regression probe (full batch, L-BFGS, in JAX).
 
   Minimises  mean_i CE(W x_i + b, y_i) + l2 / 2 * ||W||_F^2  (the bias is not
@@ -163,10 +256,12 @@ def logistic_regression(train_x, train_y, test_x, test_y, *, num_classes: int,
     l2: weight-decay coefficient on the mean loss. The default suits
       L2-normalised features (unit-norm inputs need large weights).
     normalize: L2-normalise every feature row (train and test) first.
-    max_iter: cap on L-BFGS iterations. 100 (sklearn's default) is usually
-      not full convergence: on Fashion-MNIST pixels (60k x 784) it gives
-      84.1% vs 84.3% at 300 iterations, at a third of the cost.
-    tol: stop once ||grad||_2 < tol.
+    max_iter: cap on L-BFGS iterations. Preconditioned, 50 is within 0.05
+      point of the optimum's accuracy on the default job's features (50k x
+      2304) and on Fashion-MNIST pixels, where plain L-BFGS needs ~300.
+    tol: stop once ||grad||_2 < tol (the gradient in U = P^-1 W).
+    precondition: solve in U = P^-1 W (`_preconditioner`); False: plain
+      L-BFGS on W (the same optimum, more iterations).
     train_mask, test_mask: [N] / [M] bool, False for padding rows (the
       padded tails of a multi-process feature array); default all real.
       Features and labels may be global jax Arrays sharded over processes.
@@ -186,7 +281,7 @@ def logistic_regression(train_x, train_y, test_x, test_y, *, num_classes: int,
   params, value, count, grad_norm = _fit_logistic(
       x, y, train_mask, jnp.float32(l2), jnp.float32(tol),
       num_classes=int(num_classes), max_iter=int(max_iter),
-      on_progress=on_progress)
+      precondition=precondition, on_progress=on_progress)
   tx = _prepare(test_x, normalize)
   ty = jnp.asarray(test_y, jnp.int32)
   top1, top5, train_top1 = _probe_accuracies(params, x, y, train_mask, tx, ty,

@@ -145,42 +145,54 @@ def hard_negative(z: jax.Array, *, temperature: float = 0.5, beta: float = 1.,
   _check_temperature(temperature)
   if not 0. <= tau_plus < 1.:
     raise ValueError(f'tau_plus must be in [0, 1); got {tau_plus}.')
-  _, sim, pos, neg, self_mask = _batch(z)
-  n, v, _ = z.shape
+  zf, sim, pos, neg, self_mask = _batch(z)
+  n, v, d = z.shape
   k = (n - 1) * v                                          # negatives/anchor
-  logits = sim / temperature
+  sg = jax.lax.stop_gradient
+  logits = sim / temperature                               # [M, M]
+  # The negatives' two log-sum-exps share one shift, the anchor's largest
+  # negative logit (exact for any shift; exp <= 1), so that the [M, M]
+  # matrix is read once for both sums: the loss's cost is the matmul's.
+  shift = sg(jnp.max(jnp.where(neg, logits, _MASKED), -1, keepdims=True))
+  e_beta = jnp.where(neg, jnp.exp(beta * (logits - shift)), 0.)
+  s_beta = jnp.sum(e_beta, -1, keepdims=True)
+  s_hard = jnp.sum(jnp.where(neg, jnp.exp((1. + beta) * (logits - shift)),
+                             0.), -1, keepdims=True)
   # log sum_n w_n e^{l_n} = log K + lse((1+beta) l) - lse(beta l).
-  lse_beta = jax.nn.logsumexp(jnp.where(neg, beta * logits, _MASKED), -1)
-  log_rw = (math.log(k) + jax.nn.logsumexp(
-      jnp.where(neg, (1. + beta) * logits, _MASKED), -1) - lse_beta)[:, None]
-  # Per (anchor, positive) pair: a difference of two exponentials, evaluated
-  # after factoring out the larger one (c, a constant shift) so neither
-  # overflows; the floor is compared and taken in log space.
+  log_rw = (math.log(k) + shift + jnp.log(s_hard) - jnp.log(s_beta))
+  # Per (anchor, positive) pair, on the V x V logits of each instance only
+  # ([N, V, V]; pair (a, b != a)): a difference of two exponentials,
+  # evaluated after factoring out the larger one (c, a constant shift) so
+  # neither overflows; the floor is compared and taken in log space.
+  zv = zf.reshape(n, v, d)
+  pos_logits = jnp.einsum('nad,nbd->nab', zv, zv) / temperature
+  is_pos = ~jnp.eye(v, dtype=bool)                         # [V, V]
+  log_rw = log_rw.reshape(n, v, 1)
   if tau_plus > 0:
-    x_pos = jnp.where(pos, math.log(tau_plus * k) + logits, _MASKED)
+    x_pos = math.log(tau_plus * k) + pos_logits
   else:
-    x_pos = jnp.full_like(logits, _MASKED)                 # no debiasing
-  c = jax.lax.stop_gradient(jnp.maximum(log_rw, x_pos))    # [M, M]
+    x_pos = jnp.full_like(pos_logits, _MASKED)             # no debiasing
+  c = sg(jnp.maximum(log_rw, x_pos))                       # [N, V, V]
   diff = jnp.exp(log_rw - c) - jnp.exp(x_pos - c)
   log_floor = math.log(k) - 1. / temperature + math.log1p(-tau_plus)
   floor_scaled = jnp.exp(log_floor - c)
   above = diff > floor_scaled
   log_ng = (jnp.where(above, c + jnp.log(jnp.where(above, diff, 1.)),
                       log_floor) - math.log1p(-tau_plus))
-  per_pair = jax.nn.softplus(log_ng - logits)              # -log(p / (p + Ng))
-  n_pos = jnp.sum(pos, -1)
-  per_anchor = jnp.sum(jnp.where(pos, per_pair, 0.), -1) / n_pos
-  sg = jax.lax.stop_gradient
-  w = jnp.where(neg, jnp.exp(sg(beta * logits - lse_beta[:, None])) * k, 0.)
+  per_pair = jax.nn.softplus(log_ng - pos_logits)          # -log(p / (p + Ng))
+  loss = jnp.sum(jnp.where(is_pos, per_pair, 0.)) / (n * v * (v - 1))
+  # Importance weights w_n = K e^{beta l_n} / sum_n' e^{beta l_n'}: the
+  # largest is K / s_beta (its term is e^0 = 1).
   metrics = {
       'pos_sim': _masked_mean(sim, pos),
       'neg_sim': _masked_mean(sim, neg),
       'acc': _nn_acc(sim, pos, self_mask),
-      'neg_weight_max': jnp.mean(jnp.max(w, -1)),
-      'weighted_neg_sim': jnp.mean(jnp.sum(w * sg(sim), -1) / k),
-      'clamp_frac': _masked_mean(~above, pos),
+      'neg_weight_max': jnp.mean(k / sg(s_beta)),
+      'weighted_neg_sim': jnp.mean(
+          jnp.sum(sg(e_beta * sim), -1, keepdims=True) / sg(s_beta)),
+      'clamp_frac': _masked_mean(~above, jnp.broadcast_to(is_pos, above.shape)),
   }
-  return jnp.mean(per_anchor), metrics
+  return loss, metrics
 
 
 def dcl(z: jax.Array, *, temperature: float = 0.1,
