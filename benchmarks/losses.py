@@ -12,30 +12,34 @@ within 3x of its floor.
     python benchmarks/losses.py --quick          # small sizes, ~1 minute
     python benchmarks/losses.py --sizes 1024 --queue 16384 --only cacr,macl
 
-Measured on the project's 2-core CPU (shared with other jobs; ratios are
-within one run), `python benchmarks/losses.py --sizes 4096 --repeats 5`,
-D = 128, Q = 65536, 2026-11-25 (byol's row added afterwards):
+Measured on the project's 2-core CPU (quiet: load average ~2), `python
+benchmarks/losses.py --sizes 4096 --repeats 5`, D = 128, Q = 65536,
+2026-11-25:
 
     loss            N*V  floor shape  loss ms  floor ms  ratio
-    align_uniform  4096    4096x4096    425.0     177.6   2.39
-    cacr           4096    4096x4096    124.7     177.6   0.70
-    cacr+queue     4096   4096x67584   4132.5    2250.2   1.84
-    cmc            4096    4096x4096    169.2     177.6   0.95
-    dcl            4096    4096x4096    138.9     177.6   0.78
-    hard_negative  4096    4096x4096    344.7     177.6   1.94
-    infonce        4096   4096x65536   3073.1    1922.3   1.60
-    insdis         4096   4096x65536   2905.9    1922.3   1.51
-    jcl            4096   4096x65536   2201.6    1922.3   1.15
-    macl           4096    4096x4096     68.9     177.6   0.39
-    ntxent         4096    4096x4096    327.5     177.6   1.84
-    supcon         4096    4096x4096    349.9     177.6   1.97
-    tcl            4096    4096x4096    474.4     177.6   2.67
+    align_uniform  4096    4096x4096    397.1     176.6   2.25
+    byol           4096    4096x4096      1.2     176.6   0.01
+    cacr           4096    4096x4096    120.6     176.6   0.68
+    cacr+queue     4096   4096x67584   4615.9    2377.1   1.94
+    cmc            4096    4096x4096    170.7     176.6   0.97
+    dcl            4096    4096x4096    151.0     176.6   0.85
+    hard_negative  4096    4096x4096    420.1     176.6   2.38
+    infonce        4096   4096x65536   3634.2    2386.8   1.52
+    insdis         4096   4096x65536   3204.8    2386.8   1.34
+    jcl            4096   4096x65536   2581.0    2386.8   1.08
+    macl           4096    4096x4096     71.7     176.6   0.41
+    ntxent         4096    4096x4096    345.1     176.6   1.95
+    supcon         4096    4096x4096    376.3     176.6   2.13
+    tcl            4096    4096x4096    557.3     176.6   3.16
 
-Every loss is within 3x. A ratio below 1 means the loss multiplies smaller
-blocks than [N*V, N*V] (per-view-pair [N, N] similarities). hard_negative
-was 4.5x before its positives' terms moved from [M, M] to [N, V, V] arrays
-and its two log-sum-exps shared one pass (2.4x in the run that measured
-both).
+Every loss but tcl is within 3x; tcl, after its two in-batch sums were
+merged into one pass, measured 504 ms against a 166.9 ms floor (3.02x) in
+the next run: at the limit, not under it (its per-pair gradient
+diagnostics, pos_grad_coef and neg_grad_coef, are two more passes over
+[M, M]). A ratio below 1 means the loss multiplies smaller blocks than
+[N*V, N*V] (per-view-pair [N, N] similarities); byol has no similarity
+matmul at all. hard_negative was 4.5x before its positives' terms moved from
+[M, M] to [N, V, V] arrays and its two log-sum-exps shared one pass.
 """
 
 from __future__ import annotations

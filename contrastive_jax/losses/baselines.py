@@ -154,10 +154,14 @@ def hard_negative(z: jax.Array, *, temperature: float = 0.5, beta: float = 1.,
   # negative logit (exact for any shift; exp <= 1), so that the [M, M]
   # matrix is read once for both sums: the loss's cost is the matmul's.
   shift = sg(jnp.max(jnp.where(neg, logits, _MASKED), -1, keepdims=True))
-  e_beta = jnp.where(neg, jnp.exp(beta * (logits - shift)), 0.)
+  # 0 in place of the non-negatives before the exp, not only after: their
+  # logits exceed the shift (a view with itself: 1 / tau), where e^{(1+beta)
+  # (l - shift)} overflows and its masked gradient would be 0 * inf = NaN.
+  centred = jnp.where(neg, logits - shift, 0.)
+  e_beta = jnp.where(neg, jnp.exp(beta * centred), 0.)
   s_beta = jnp.sum(e_beta, -1, keepdims=True)
-  s_hard = jnp.sum(jnp.where(neg, jnp.exp((1. + beta) * (logits - shift)),
-                             0.), -1, keepdims=True)
+  s_hard = jnp.sum(jnp.where(neg, jnp.exp((1. + beta) * centred), 0.), -1,
+                   keepdims=True)
   # log sum_n w_n e^{l_n} = log K + lse((1+beta) l) - lse(beta l).
   log_rw = (math.log(k) + shift + jnp.log(s_hard) - jnp.log(s_beta))
   # Per (anchor, positive) pair, on the V x V logits of each instance only
@@ -167,9 +171,12 @@ def hard_negative(z: jax.Array, *, temperature: float = 0.5, beta: float = 1.,
   zv = zf.reshape(n, v, d)
   pos_logits = jnp.einsum('nad,nbd->nab', zv, zv) / temperature
   is_pos = ~jnp.eye(v, dtype=bool)                         # [V, V]
+  # A view with itself is no pair: its terms get safe placeholder inputs
+  # (logit 0, no debiasing), whose gradients stay finite under the mask.
+  pos_logits = jnp.where(is_pos, pos_logits, 0.)
   log_rw = log_rw.reshape(n, v, 1)
   if tau_plus > 0:
-    x_pos = math.log(tau_plus * k) + pos_logits
+    x_pos = jnp.where(is_pos, math.log(tau_plus * k) + pos_logits, _MASKED)
   else:
     x_pos = jnp.full_like(pos_logits, _MASKED)             # no debiasing
   c = sg(jnp.maximum(log_rw, x_pos))                       # [N, V, V]

@@ -163,15 +163,25 @@ def tcl(z: jax.Array, labels: jax.Array | None = None, *,
   sim, pos, neg, self_mask = _label_batch(z, labels, supervised=supervised)
   logits = sim / temperature
   n_pos = jnp.sum(pos, axis=-1)
-  groups = [jax.nn.logsumexp(jnp.where(pos, logits, _MASKED), axis=-1),
-            jnp.log(k2) + jax.nn.logsumexp(jnp.where(neg, logits, _MASKED),
-                                           axis=-1)]
-  # k1 = 0 (the SupCon reduction) simply drops the group; log(0) is avoided.
+  # log D = log(sum_pos e^l + k2 sum_neg e^l + k1 sum_pos e^{-s}) in one
+  # pass over [M, M] for the first two sums, shifted by the row's largest
+  # non-self logit (their sum is then >= min(1, k2) > 0); e^{-s} <= e needs
+  # no shift. Zeros go in before each exp (the self entry's logit exceeds
+  # the shift, and a masked NaN gradient is 0 * inf).
+  shift = jax.lax.stop_gradient(jnp.max(
+      jnp.where(pos | neg, logits, _MASKED), axis=-1, keepdims=True))
+  weight = jnp.where(pos, 1., jnp.where(neg, k2, 0.))
+  in_batch = jnp.sum(weight * jnp.exp(jnp.where(pos | neg, logits - shift,
+                                                0.)), axis=-1)
+  log_d = shift[:, 0] + jnp.log(in_batch)
   use_k1 = not (isinstance(k1, (int, float)) and k1 == 0)
   if use_k1:
-    groups.append(jnp.log(k1) + jax.nn.logsumexp(
-        jnp.where(pos, -sim, _MASKED), axis=-1))
-  log_d = jax.nn.logsumexp(jnp.stack(groups, -1), axis=-1)  # [M]
+    tuned = k1 * jnp.sum(jnp.where(pos, jnp.exp(-jnp.where(pos, sim, 0.)),
+                                   0.), axis=-1)
+    # No positives (an excluded anchor): e^-inf = 0, not log 0.
+    log_tuned = jnp.where(n_pos > 0, jnp.log(jnp.where(n_pos > 0, tuned, 1.)),
+                          -jnp.inf)
+    log_d = jnp.logaddexp(log_d, log_tuned)                   # [M]
   mean_pos = jnp.sum(jnp.where(pos, logits, 0.), -1) / jnp.maximum(n_pos, 1)
   per_anchor = log_d - mean_pos
 
