@@ -124,10 +124,13 @@ PROBE_UNITS = 10
 
 
 def score(name: str, train: Features, test: Features, *, config, mesh,
-          num_classes: int, bar=progress.NO_BAR) -> dict[str, float]:
+          num_classes: int, bar=progress.NO_BAR,
+          features_seconds: float | None = None) -> dict[str, float]:
   """kNN and linear-probe accuracy of one representation, keys prefixed.
 
   `bar` advances by one after the kNN and by PROBE_UNITS over the probe.
+  The log line gives the time of each part (`features_seconds`: the
+  extraction's, if the caller timed it).
   """
   t0 = time.time()
   ev = config.eval
@@ -138,6 +141,7 @@ def score(name: str, train: Features, test: Features, *, config, mesh,
       ks=tuple(ev.knn_ks), temperature=ev.knn_temperature, mesh=mesh,
       bank_mask=train.mask, query_mask=test.mask)
   out.update({f'{name}/{k}': float(v) for k, v in knn_res.items()})
+  t_knn = time.time() - t0
   bar.update(1)
   bar.set_postfix_str('linear probe (L-BFGS)')
   shown = [0]    # Probe units shown so far: PROBE_UNITS over max_iter.
@@ -158,9 +162,12 @@ def score(name: str, train: Features, test: Features, *, config, mesh,
   bar.update(PROBE_UNITS - shown[0])    # Converged early: the rest at once.
   bar.set_postfix_str('')
   # The headline numbers; results.json has every metric.
-  logging.info('%s: %s (%.1f s)', name, ', '.join(
+  times = ([] if features_seconds is None
+           else [f'features {features_seconds:.1f} s'])
+  times += [f'kNN {t_knn:.1f} s', f'probe {time.time() - t0 - t_knn:.1f} s']
+  logging.info('%s: %s (%s)', name, ', '.join(
       f'{k.split("/")[1]} {100 * v:.2f}%' for k, v in out.items()
-      if k.endswith('top1') or 'weighted_top1@' in k), time.time() - t0)
+      if k.endswith('top1') or 'weighted_top1@' in k), ', '.join(times))
   return out
 
 
@@ -173,7 +180,8 @@ def evaluate_all(config, feature_fn, states: dict, train_data, test_data,
   'random_init', only with config.eval.baselines).
 
   Returns:
-    (results, embeddings): the accuracies, keys '<representation>/<metric>';
+    (results, embeddings): the accuracies, keys '<representation>/<metric>',
+    and 'eval_seconds' (the whole evaluation, logged too);
     and per representation the first `config.eval.embedding_points`
     evaluation examples' (features [n, F], labels [n]) as numpy, for
     `plot_run` (none when 0).
@@ -185,17 +193,23 @@ def evaluate_all(config, feature_fn, states: dict, train_data, test_data,
                if name == 'trained' or config.eval.baselines})
   results, embeddings = {}, {}
   bs = config.eval.batch_size
+  t0 = time.time()
   for name, variables in reps.items():
     # Units: every feature batch of both splits, the kNN, the probe's chunks.
     total = (num_batches(train_data, bs) + num_batches(test_data, bs) + 1 +
              PROBE_UNITS)
     with progress.bar(total, f'evaluating {name}', rate=False) as bar:
-      train, test = (extract_features(feature_fn, variables, d, mesh, bs,
-                                      bar=bar)
-                     for d in (train_data, test_data))
-      results.update(score(name, train, test, bar=bar, **kw))
+      t_features = time.time()
+      train, test = jax.block_until_ready(tuple(
+          extract_features(feature_fn, variables, d, mesh, bs, bar=bar)
+          for d in (train_data, test_data)))
+      results.update(score(name, train, test, bar=bar,
+                           features_seconds=time.time() - t_features, **kw))
     if points := config.eval.get('embedding_points', 2000):
       embeddings[name] = first_rows(test, points)
+  results['eval_seconds'] = round(time.time() - t0, 1)
+  logging.info('Evaluation: %d representation(s) in %.1f s.', len(reps),
+               results['eval_seconds'])
   return results, embeddings
 
 

@@ -86,6 +86,32 @@ def tcl(z, labels, tau, k1, k2):
   return total / count
 
 
+def tcl_grad_coefs(z, labels, tau, k1, k2):
+  """Animesh 2023 Lemma 2 (eqs. 4.6-4.9) as the loss's metrics define them:
+  per anchor i with D_i as in `tcl`, X = 1/|P(i)|, P_ij = e^{s_ij/tau} / D_i,
+  Y_ij = tau k1 e^{-s_ij} / D_i; returns (mean over anchors with positives of
+  mean_p |X - P_ip + Y_ip|, mean over anchors with negatives of
+  mean_n k2 P_in)."""
+  rows = _flat(z)
+  pos_coefs, neg_coefs = [], []
+  for i, (ii, _, zi) in enumerate(rows):
+    pos = [zp for p, (ip, _, zp) in enumerate(rows)
+           if p != i and labels[ip] == labels[ii]]
+    negs = [zn for (ik, _, zn) in rows if labels[ik] != labels[ii]]
+    d = (sum(math.exp(zi @ zp / tau) for zp in pos)
+         + k1 * sum(math.exp(-(zi @ zp)) for zp in pos)
+         + k2 * sum(math.exp(zi @ zn / tau) for zn in negs))
+    if pos:
+      x = 1. / len(pos)
+      pos_coefs.append(sum(abs(x - math.exp(zi @ zp / tau) / d
+                               + tau * k1 * math.exp(-(zi @ zp)) / d)
+                           for zp in pos) / len(pos))
+    if negs:
+      neg_coefs.append(sum(k2 * math.exp(zi @ zn / tau) / d for zn in negs)
+                       / len(negs))
+  return sum(pos_coefs) / len(pos_coefs), sum(neg_coefs) / len(neg_coefs)
+
+
 def infonce(query, key, queue, tau, in_batch=True):
   """MoCo eq. 1 per (query view a, key view b) pair, mean over anchors."""
   q, k = unit(query), unit(key)

@@ -137,6 +137,18 @@ def test_what_a_person_sees(folder, tmp_path):
     knn_v, lin_v = (float(x.rstrip('%')) for x in row.split()[1:])
     assert knn_v == round(100 * results[f'{rep}/knn_weighted_top1@5'], 2)
     assert lin_v == round(100 * results[f'{rep}/linear_top1'], 2)
+  # Each representation's line times its three parts; the whole
+  # evaluation's time, logged, is results.json's and covers them (the parts
+  # are rounded to 0.1 s).
+  parts = {m.group(1): [float(t) for t in re.findall(r'([\d.]+) s', m.group(2))]
+           for s in records
+           for m in [re.search(r'\] (\w+): .*\((features .*)\)$', s)] if m}
+  assert sorted(parts) == ['random_init', 'raw_pixels', 'trained'], records
+  assert all(len(p) == 3 for p in parts.values()), parts
+  eval_s = float(re.search(r'Evaluation: 3 representation\(s\) in ([\d.]+) s',
+                           out.stderr).group(1))
+  assert eval_s == results['eval_seconds']
+  assert sum(map(sum, parts.values())) <= eval_s + 0.5, (parts, eval_s)
 
   with open(tmp_path / 'history.json') as f:
     history = json.load(f)

@@ -214,10 +214,10 @@ def test_create_model_by_name(name):
     ((2, 7, 6, 4), (3, 3, 4, 6), 'VALID'),
     ((2, 8, 8, 3), (5, 3, 3, 2), ((2, 1), (0, 3))),
 ])
-def test_conv_as_matmul_is_the_convolution_and_its_gradient(shape, kernel,
-                                                            padding):
-  # The CPU im2col path against XLA's convolution (jax.lax), values and both
-  # gradients: the same sums, reassociated.
+def test_cpu_conv_is_the_convolution_and_its_gradient(shape, kernel, padding):
+  # The CPU path (XLA's convolution forward, im2col matmuls backward) against
+  # XLA's convolution (jax.lax) and its autodiff, values and both gradients:
+  # the same sums, reassociated.
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal(shape), jnp.float32)
   k = jnp.asarray(rng.standard_normal(kernel), jnp.float32)
@@ -227,25 +227,29 @@ def test_conv_as_matmul_is_the_convolution_and_its_gradient(shape, kernel,
     y = conv(x, k, (1, 1), padding, dimension_numbers=dn)
     return jnp.sum(jnp.sin(y)), y
 
-  # On CPU (the tests' backend) the im2col path, not a convolution, runs.
-  jaxpr = str(jax.make_jaxpr(functools.partial(loss, models.conv_as_matmul))(
-      x, k))
-  assert 'conv_general_dilated' not in jaxpr and 'dot_general' in jaxpr
-  grad = lambda conv: jax.jit(jax.grad(functools.partial(loss, conv),
-                                       argnums=(0, 1), has_aux=True))
-  (gx, gk), y = grad(models.conv_as_matmul)(x, k)
-  (wx, wk), want = grad(jax.lax.conv_general_dilated)(x, k)
+  grad = lambda conv: jax.grad(functools.partial(loss, conv), argnums=(0, 1),
+                               has_aux=True)
+  # On CPU (the tests' backend) the gradient has one convolution, the
+  # forward's, and the two transposes are matmuls; autodiff of the plain
+  # convolution has three convolutions and no matmul.
+  for conv, convs, dots in ((models.cpu_conv, 1, 2),
+                            (jax.lax.conv_general_dilated, 3, 0)):
+    jaxpr = str(jax.make_jaxpr(grad(conv))(x, k))
+    assert (jaxpr.count('conv_general_dilated['), jaxpr.count('dot_general[')
+            ) == (convs, dots), jaxpr
+  (gx, gk), y = jax.jit(grad(models.cpu_conv))(x, k)
+  (wx, wk), want = jax.jit(grad(jax.lax.conv_general_dilated))(x, k)
   for got, ref in ((y, want), (gx, wx), (gk, wk)):
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_conv_as_matmul_leaves_other_convs_to_xla():
-  # Strided: not the im2col path, and still the convolution.
+def test_cpu_conv_leaves_other_convs_to_xla():
+  # Strided: plain XLA (no custom gradient), and still the convolution.
   x = jnp.ones((1, 8, 8, 2))
   k = jnp.ones((3, 3, 2, 4))
   dn = jax.lax.conv_dimension_numbers(x.shape, k.shape,
                                       ('NHWC', 'HWIO', 'NHWC'))
-  conv = functools.partial(models.conv_as_matmul, window_strides=(2, 2),
+  conv = functools.partial(models.cpu_conv, window_strides=(2, 2),
                            padding='SAME', dimension_numbers=dn)
   assert 'conv_general_dilated' in str(jax.make_jaxpr(conv)(x, k))
   got = conv(x, k)

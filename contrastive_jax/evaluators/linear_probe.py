@@ -122,13 +122,21 @@ def _preconditioner(x, mask, l2: float, *, num_classes: int):
 
 
 def _weights(u, mu, precond):
-  """The probe's (W [D, C], b [C]) from the solver's U (`_preconditioner`)."""
-  w = precond @ u['w']
-  return w, u['b'] - mu @ w
+  """The probe's (W^T [C, D], b [C]) from the solver's U (`_preconditioner`).
+
+  U's weights are held as U_w^T [C, D], so W^T = U_w^T P^T: the logits
+  x W = x (W^T)^T then have a gradient of the form g^T x ([C, N] x [N, D]),
+  which XLA:CPU computes ~3x faster than x^T g, the transpose autodiff
+  makes of x @ W [D, C] (one value-and-gradient at N = 60k, D = 2304 on 8
+  virtual devices: 330 -> 196 ms). The iterates do not depend on the
+  layout (L-BFGS uses inner products only).
+  """
+  wt = u['w'] @ precond.T
+  return wt, u['b'] - wt @ mu
 
 
 def _objective(x, y, mask, l2, mu, precond):
-  """U -> mean CE(x W + b, y) + l2 / 2 ||W||^2, (W, b) = `_weights(U)`.
+  """U -> mean CE(x W + b, y) + l2 / 2 ||W||^2, (W^T, b) = `_weights(U)`.
 
   x: [N, D] float32 features (sharded by rows or not: under jit the
   partitioner reduces the mean across devices and processes); y: [N] int32
@@ -137,10 +145,11 @@ def _objective(x, y, mask, l2, mu, precond):
   logistic regression (N D C) plus D^2 C.
   """
   def objective(u):
-    w, b = _weights(u, mu, precond)
-    ce = optax.softmax_cross_entropy_with_integer_labels(x @ w + b, y)
+    wt, b = _weights(u, mu, precond)
+    logits = jnp.einsum('nd,cd->nc', x, wt) + b
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
     return (jnp.sum(ce * mask) / jnp.sum(mask)
-            + 0.5 * l2 * jnp.sum(jnp.square(w)))
+            + 0.5 * l2 * jnp.sum(jnp.square(wt)))
   return objective
 
 
@@ -193,7 +202,7 @@ def _fit_logistic(x, y, mask, l2, tol, *, num_classes, max_iter,
     mu, precond = _preconditioner(x, mask, float(l2), num_classes=num_classes)
   else:
     mu, precond = jnp.zeros((d,), jnp.float32), jnp.eye(d, dtype=jnp.float32)
-  params = {'w': jnp.zeros((d, num_classes), jnp.float32),
+  params = {'w': jnp.zeros((num_classes, d), jnp.float32),   # U_w^T
             'b': jnp.zeros((num_classes,), jnp.float32)}
   # optax's initial state holds weakly typed scalars, which one iteration
   # turns strong: made strong here, every chunk shares one compilation.
@@ -212,8 +221,8 @@ def _fit_logistic(x, y, mask, l2, tol, *, num_classes, max_iter,
     if count < until or grad_norm < tol:   # Converged before the cap.
       break
   u, state = carry
-  w, b = _weights(u, mu, precond)
-  params = {'w': w, 'b': b}
+  wt, b = _weights(u, mu, precond)
+  params = {'w': wt.T, 'b': b}
   return (params, optax.tree.get(state, 'value'),
           optax.tree.get(state, 'count'),
           optax.tree.norm(optax.tree.get(state, 'grad')))
