@@ -124,13 +124,13 @@ PROBE_UNITS = 10
 
 
 def score(name: str, train: Features, test: Features, *, config, mesh,
-          num_classes: int, bar=progress.NO_BAR,
-          features_seconds: float | None = None) -> dict[str, float]:
+          num_classes: int, features_seconds: float,
+          bar=progress.NO_BAR) -> dict[str, float]:
   """kNN and linear-probe accuracy of one representation, keys prefixed.
 
   `bar` advances by one after the kNN and by PROBE_UNITS over the probe.
   The log line gives the time of each part (`features_seconds`: the
-  extraction's, if the caller timed it).
+  caller's extraction of `train` and `test`).
   """
   t0 = time.time()
   ev = config.eval
@@ -162,9 +162,8 @@ def score(name: str, train: Features, test: Features, *, config, mesh,
   bar.update(PROBE_UNITS - shown[0])    # Converged early: the rest at once.
   bar.set_postfix_str('')
   # The headline numbers; results.json has every metric.
-  times = ([] if features_seconds is None
-           else [f'features {features_seconds:.1f} s'])
-  times += [f'kNN {t_knn:.1f} s', f'probe {time.time() - t0 - t_knn:.1f} s']
+  times = [f'features {features_seconds:.1f} s', f'kNN {t_knn:.1f} s',
+           f'probe {time.time() - t0 - t_knn:.1f} s']
   logging.info('%s: %s (%s)', name, ', '.join(
       f'{k.split("/")[1]} {100 * v:.2f}%' for k, v in out.items()
       if k.endswith('top1') or 'weighted_top1@' in k), ', '.join(times))

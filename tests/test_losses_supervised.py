@@ -206,9 +206,9 @@ def test_tcl_gradient_diagnostics():
 @pytest.mark.parametrize('k1,k2,tau', [(5000., 1., 0.1), (10., 1.5, 0.2),
                                        (0., 1., 0.1)])
 def test_tcl_gradient_diagnostics_match_reference(k1, k2, tau):
-  # The metrics reuse the loss's exponentials; the reference evaluates the
-  # Lemma 2 coefficients directly per pair (float64 loop). LABELS6 has a
-  # singleton anchor (no positives: left out of the positives' mean).
+  # The reference evaluates the Lemma 2 coefficients directly per pair
+  # (float64 loop). LABELS6 has a singleton anchor (no positives: left out
+  # of the positives' mean).
   z = rand(6, 2, 8, seed=30)
   _, m = J(supervised.tcl, z, LABELS6, k1=k1, k2=k2, temperature=tau)
   want_pos, want_neg = ref.tcl_grad_coefs(z, LABELS6, tau, k1, k2)
