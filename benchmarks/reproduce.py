@@ -3,6 +3,7 @@ r"""The papers' comparisons at small scale: a resumable study and its report.
     python -m benchmarks.reproduce              # run what is missing, report
     python -m benchmarks.reproduce --report     # only regenerate the report
     python -m benchmarks.reproduce --plan       # list the runs and their state
+    python -m benchmarks.reproduce --update_configs  # configs' Expected lines
     python -m benchmarks.reproduce --quick      # whole pipeline, ~3 min, tmp dir
 
 Long: start it in the background from the repository root and let it run;
@@ -21,7 +22,9 @@ interrupted run resumes). A finished run writes
 config, overrides, seed, variant, the evaluated split's kNN and linear
 accuracy, training seconds, steps, git commit. A run whose JSON exists with
 the same overrides is skipped. After every run, `benchmarks/REPORT.md` and
-`benchmarks/report.png` are regenerated from whatever has finished.
+`benchmarks/report.png` are regenerated from whatever has finished;
+`--update_configs` writes the same figures into the "Expected" paragraph of
+each config the study runs (`update_configs`), with seed 0's command.
 
 Protocol (the same for every run; hyperparameters are each config's, i.e. the
 papers' as notes/*.md give them):
@@ -700,6 +703,99 @@ def _plot(c: dict, runs: Sequence[Run], path: str) -> None:
 
 
 # --------------------------------------------------------------------------
+# The configs' "Expected" paragraphs.
+# --------------------------------------------------------------------------
+
+CONFIGS_DIR = os.path.join(ROOT, 'configs')
+# A config's paragraph is rewritten only if it is the placeholder or one this
+# function wrote (configs/default.py's own measured paragraph is kept).
+_REWRITABLE = ('Expected: not measured yet', 'Expected: UNMEASURED',
+               'Expected, from the study')
+_VARIANT_TEXT = {'regular': 'regular data', 'linear': 'linear-imbalanced',
+                 'exponential': 'exponential-imbalanced',
+                 'batch64': f'batch {SMALL_BATCH}'}
+
+
+def expected_paragraph(config: str, records: list[dict],
+                       runs: Sequence[Run]) -> str | None:
+  """configs/<config>.py's "Expected" paragraph from the study's results.
+
+  One line per (variant, method) the study runs this config in, mean +- std
+  over the finished seeds (`Cell`, as in REPORT.md), and the command of the
+  first of its runs. None if none of them has finished.
+  """
+  c = cells(records)
+  keys = []
+  for run in runs:
+    if run.config == config and run.variant in _VARIANT_TEXT and (
+        (run.variant, run.method) not in keys):
+      keys.append((run.variant, run.method))
+  done = [k for k in keys if (*k, 'knn') in c]
+  if not done:
+    return None
+  first = next(r for r in runs if (r.variant, r.method) == done[0])
+  steps = {(r['variant'], r['method']): (r['steps'],
+                                         r['overrides']['batch_size'])
+           for r in records}
+  lines = ['Expected, from the study (`python -m benchmarks.reproduce`; all '
+           'figures in', 'benchmarks/REPORT.md): % on the test split, mean +- '
+           'std over the seeds', f'finished (of {len(SEEDS)}), then n seeds '
+           'and steps x batch size:']
+  for variant, method in done:
+    knn, lin = c[(variant, method, 'knn')], c[(variant, method, 'linear')]
+    label = _VARIANT_TEXT[variant] + (
+        f' ({method})' if method != config else '')
+    pm = lambda cell: (f'{cell.mean:.2f} +- {cell.std:.2f}' if cell.n > 1
+                       else f'{cell.mean:.2f}')
+    n_steps, batch = steps[(variant, method)]
+    lines.append(f'  {label:<22} kNN {pm(knn):<13} linear {pm(lin):<13} '
+                 f'n={knn.n}, {n_steps}x{batch}')
+  lines.append('Seed 0 of the first line, on the 50,000 training images the '
+               'validation')
+  lines.append('holdout leaves (8 virtual CPU devices):')
+  cmd = ['  XLA_FLAGS=--xla_force_host_platform_device_count=8 \\',
+         f'    python main.py {first.args()[0]}']
+  for a in [f'--workdir=workdir/{first.run_id}'] + first.args()[1:]:
+    if len(cmd[-1]) + len(a) + 3 > 79:
+      cmd[-1] += ' \\'
+      cmd.append('    ' + a)
+    else:
+      cmd[-1] += ' ' + a
+  lines += cmd
+  lines.append('Written by `python -m benchmarks.reproduce --update_configs`.')
+  return '\n'.join(lines)
+
+
+def update_configs(records: list[dict], runs: Sequence[Run],
+                   configs_dir: str = CONFIGS_DIR) -> list[str]:
+  """Rewrites each study config's "Expected" paragraph; returns the changed.
+
+  The paragraph runs from its line starting with "Expected" to the next
+  blank line; only placeholders and paragraphs this function wrote are
+  replaced (`_REWRITABLE`), and nothing else in the file changes.
+  """
+  changed = []
+  for config in sorted({r.config for r in runs}):
+    para = expected_paragraph(config, records, runs)
+    path = os.path.join(configs_dir, f'{config}.py')
+    if para is None or not os.path.exists(path):
+      continue
+    with open(path) as f:
+      text = f.read()
+    start = next((text.find('\n' + m) + 1 for m in _REWRITABLE
+                  if '\n' + m in text), 0)
+    if not start:
+      continue
+    end = text.find('\n\n', start)
+    new = text[:start] + para + text[end:]
+    if new != text:
+      with open(path, 'w') as f:
+        f.write(new)
+      changed.append(path)
+  return changed
+
+
+# --------------------------------------------------------------------------
 
 def _exit_on_sigterm(signum, frame):
   del signum, frame
@@ -719,6 +815,9 @@ def main(argv=None) -> int:
                  help='only regenerate the report from finished runs')
   p.add_argument('--plan', action='store_true',
                  help='list the runs and whether each is done')
+  p.add_argument('--update_configs', action='store_true',
+                 help="only rewrite the configs' Expected paragraphs from "
+                 'the finished runs')
   p.add_argument('--max_runs', type=int, default=0,
                  help='stop after this many runs (0: all)')
   p.add_argument('--retries', type=int, default=2,
@@ -748,6 +847,10 @@ def main(argv=None) -> int:
                                             WORK_ROOT)
   print(f'results: {results_dir}\nreport: {report}', flush=True)
 
+  if args.update_configs:
+    for path in update_configs(load_results(results_dir, runs), runs):
+      print(f'updated {os.path.relpath(path, ROOT)}')
+    return 0
   if args.plan:
     for run in runs:
       state = 'done' if is_done(results_dir, run) else 'todo'

@@ -169,6 +169,66 @@ def test_quick_study_end_to_end(tmp_path):
   assert mtimes == {p: os.path.getmtime(os.path.join(out, p)) for p in mtimes}
 
 
+# ------------------------------------------------------- config paragraphs ---
+
+def _record(run, knn, linear, steps):
+  return {'args': run.args(), 'run_id': run.run_id, 'variant': run.variant,
+          'method': run.method, 'config': run.config, 'seed': run.seed,
+          'eval_split': 'test', 'steps': steps,
+          'overrides': dict(run.overrides),
+          'test': {'trained': {'knn': knn, 'linear': linear}}}
+
+
+def test_update_configs_writes_the_studys_figures(tmp_path):
+  runs = reproduce.plan()
+  by_id = {r.run_id: r for r in runs}
+  knn, lin = [0.8127, 0.8133], [0.8752, 0.8766]
+  records = [
+      _record(by_id['regular__simclr__s0'], knn[0], lin[0], 390),
+      _record(by_id['regular__simclr__s1'], knn[1], lin[1], 390),
+      _record(by_id['linear__simclr__s0'], 0.7431, 0.8401, 390),
+      _record(by_id['batch64__macl__s0'], 0.8201, 0.8770, 1560),
+      # configs/default.py's paragraph is the default job's: kept.
+      _record(by_id['regular__ntxent_t0.1__s0'], 0.82, 0.87, 390)]
+  originals = {}
+  for name in ('simclr', 'macl', 'default', 'insdis'):
+    with open(os.path.join(ROOT, 'configs', f'{name}.py')) as f:
+      originals[name] = f.read()
+    (tmp_path / f'{name}.py').write_text(originals[name])
+
+  changed = reproduce.update_configs(records, runs, str(tmp_path))
+  assert sorted(os.path.basename(p) for p in changed) == ['macl.py',
+                                                          'simclr.py']
+  for name in ('default', 'insdis'):     # no run of insdis has finished
+    assert (tmp_path / f'{name}.py').read_text() == originals[name]
+
+  text = (tmp_path / 'simclr.py').read_text()
+  row = re.search(r'^  regular data +(.*)$', text, re.M).group(1).split()
+  pct = lambda xs: [100 * x for x in xs]
+  assert row[:8] == [
+      'kNN', f'{np.mean(pct(knn)):.2f}', '+-',
+      f'{np.std(pct(knn), ddof=1):.2f}', 'linear',
+      f'{np.mean(pct(lin)):.2f}', '+-', f'{np.std(pct(lin), ddof=1):.2f}']
+  assert row[8:] == ['n=2,', '390x256']
+  assert re.search(r'^  linear-imbalanced +kNN 74.31 +linear 84.01 +n=1,',
+                   text, re.M)
+  assert re.search(r'^  batch 64 +kNN 82.01 .* n=1, 1560x64$',
+                   (tmp_path / 'macl.py').read_text(), re.M)
+  # Only the paragraph changed: the text around it is the original's.
+  head, tail = originals['simclr'].split('Expected: not measured yet', 1)
+  assert text.startswith(head)
+  assert text.endswith(tail[tail.index('\n\n'):])
+  # The command in it is seed 0's, the study's own arguments.
+  cmd = ' '.join(text.split('--workdir=workdir/regular__simclr__s0', 1)[1]
+                 .split('Written by')[0].replace('\\', ' ').split())
+  assert cmd == ' '.join(by_id['regular__simclr__s0'].args()[1:])
+  # The rewritten file is still the config, and a rerun changes nothing.
+  namespace = {}
+  exec(compile(text, 'simclr.py', 'exec'), namespace)  # pylint: disable=exec-used
+  assert namespace['get_config']().loss == 'ntxent'
+  assert reproduce.update_configs(records, runs, str(tmp_path)) == []
+
+
 # -------------------------------------------------------------- watchdog ---
 
 def test_watchdog_kills_a_silent_run_and_spares_a_progressing_one(tmp_path):
