@@ -54,6 +54,13 @@ papers' as notes/*.md give them):
   L-BFGS logistic regression). Baselines (raw pixels, random init) are off in
   the method runs and computed once per seed by their own run.
 
+The default recipe (`RECIPES`, after seed 1's runs): configs/default.py
+with a few candidate overrides (temperature, learning rate, batch), each
+trained on the default job's number of images and scored on the validation
+split only, one seed; REPORT.md's recipe table, next to the random-init and
+raw-pixel baselines on validation, is what configs/default.py's choice is
+made from. The test split plays no part in it.
+
 Budget: EPOCHS = 2 (390 steps of batch 256). Measured on this machine: a
 SimCLR epoch takes ~80 s of training on an idle machine (630 images/s) and
 each run adds ~2.5 min of start-up, compilation and evaluation; the 72 runs
@@ -123,6 +130,25 @@ SMALL_BATCH = 64
 SMALL_BATCH_METHODS = [('macl', 'macl'), ('ntxent_t0.1', 'default')]
 IMBALANCED_METHODS = [('simclr', 'simclr'), ('cacr_k1', 'cacr_k1')]
 VARIANTS = ('regular', 'linear', 'exponential', 'batch64')
+
+# The default recipe, chosen on the validation split (issue: the default was
+# chosen on the test split, and its trained encoder beats the random one by
+# only ~1 kNN point). Each candidate is configs/default.py with these
+# overrides, trained on the same number of images as the default job (936
+# steps of 256 = 239,616) on the 50,000 left by the holdout, scored on the
+# 10,000 validation images, seed 0. (name, overrides, what it tests)
+RECIPE_IMAGES = 936 * 256
+RECIPES = [
+    ('default', {'eval.baselines': True},
+     'configs/default.py as it is (tau 0.1, batch 256, peak lr 1e-3); with '
+     'the raw-pixel and random-init baselines on validation'),
+    ('tau0.2', {'loss_kwargs.temperature': 0.2}, 'temperature 0.2'),
+    ('lr3e-3', {'optimizer.base_learning_rate': 3e-3}, 'peak lr 3e-3'),
+    ('batch64', {'batch_size': 64, 'optimizer.base_learning_rate': 4e-3},
+     'batch 64 (4x the steps), peak lr 1e-3'),
+    ('batch64_lr2e-3', {'batch_size': 64, 'optimizer.base_learning_rate': 8e-3},
+     'batch 64, peak lr 2e-3'),
+]
 
 COMMON = {
     'dataset.validation_size': VALIDATION_SIZE,
@@ -241,6 +267,21 @@ def plan(quick: bool = False) -> list[Run]:
     runs.append(make('baselines', 'default', seed, 'baselines', **{
         'eval.baselines': True,
         'num_epochs': epochs_for_steps(1, train_examples('none'), batch)}))
+    if seed == 1:
+      runs += recipe_runs(common)
+  return runs
+
+
+def recipe_runs(common: dict) -> list[Run]:
+  """The default-recipe candidates (`RECIPES`), scored on validation."""
+  runs = []
+  for name, extra, _ in RECIPES:
+    o = dict(common, seed=0, **{'eval.split': 'validation'})
+    o.update(extra)
+    o['num_epochs'] = epochs_for_steps(RECIPE_IMAGES // o['batch_size'],
+                                       train_examples('none'),
+                                       o['batch_size'])
+    runs.append(Run(name, 'default', 0, 'recipe', tuple(sorted(o.items()))))
   return runs
 
 
@@ -621,7 +662,7 @@ def write_report(records: list[dict], runs: Sequence[Run], report: str,
   seen = []
   for run in runs:
     key = (run.variant, run.method)
-    if key in seen or run.variant == 'baselines':
+    if key in seen or run.variant in ('baselines', 'recipe'):
       continue
     seen.append(key)
     secs = [_full_train_seconds(r) for r in records
@@ -638,6 +679,7 @@ def write_report(records: list[dict], runs: Sequence[Run], report: str,
     k = bc[rep].get(('baselines', 'baselines', 'knn'), Cell([]))
     lin = bc[rep].get(('baselines', 'baselines', 'linear'), Cell([]))
     lines.append(f'| {rep} | {k.fmt()} | {lin.fmt()} |')
+  lines += _recipe_lines(records, runs)
   lines += ['', '## The papers\' claims, one by one', '',
             'Difference = mean(better) - mean(worse) in accuracy points; SE '
             '= sqrt(s_a^2 / n_a + s_b^2 / n_b) over seeds. "holds" needs the '
@@ -652,6 +694,37 @@ def write_report(records: list[dict], runs: Sequence[Run], report: str,
     f.write('\n'.join(lines))
   os.replace(report + '.tmp', report)
   _plot(c, runs, plot)
+
+
+def _recipe_lines(records: list[dict], runs: Sequence[Run]) -> list[str]:
+  """The default-recipe table: each candidate's validation accuracy."""
+  cand = [r for r in runs if r.variant == 'recipe']
+  if not cand:
+    return []
+  rec = {r['method']: r for r in records if r['variant'] == 'recipe'}
+  acc = lambda r, m, rep='trained': (f'{_acc(r, m, rep):.2f}' if r and
+                                     _acc(r, m, rep) is not None else '-')
+  lines = ['', '## The default recipe, chosen on the validation split', '',
+           f'configs/default.py with each row\'s overrides, {RECIPE_IMAGES:,}'
+           ' training images (the default job\'s 936 steps of 256) from the '
+           '50,000 left by the holdout, scored on the 10,000 validation '
+           'images (%), seed 0. The test split plays no part in the choice.',
+           '', '| recipe | overrides | kNN | linear | train s |',
+           '|---|---|---|---|---|']
+  for run, (name, extra, what) in zip(cand, RECIPES):
+    r = rec.get(name)
+    shown = {k: v for k, v in extra.items() if k != 'eval.baselines'}
+    over = ' '.join(f'{k}={_flag_value(v)}' for k, v in shown.items())
+    secs = f'{_full_train_seconds(r):.0f}' if r and r.get(
+        'train_seconds') else '-'
+    lines.append(f'| {name}: {what} | {over or "-"} | {acc(r, "knn")} | '
+                 f'{acc(r, "linear")} | {secs} |')
+  base = rec.get('default')
+  for rep in ('random_init', 'raw_pixels'):
+    if base and base['validation'].get(rep):
+      lines.append(f'| baseline: {rep} | - | {acc(base, "knn", rep)} | '
+                   f'{acc(base, "linear", rep)} | - |')
+  return lines
 
 
 def _full_train_seconds(rec: dict) -> float:
@@ -679,7 +752,7 @@ def _plot(c: dict, runs: Sequence[Run], path: str) -> None:
   keys = []
   for run in runs:
     key = (run.variant, run.method)
-    if run.variant != 'baselines' and key not in keys:
+    if run.variant not in ('baselines', 'recipe') and key not in keys:
       keys.append(key)
   fig, axes = plt.subplots(1, 2, figsize=(12, 0.32 * len(keys) + 1.5),
                            sharey=True)

@@ -31,7 +31,11 @@ def test_plan_covers_every_method_seed_and_variant():
   for v, m in want:
     seeds = sorted(r.seed for r in runs if (r.variant, r.method) == (v, m))
     assert seeds == [0, 1, 2], (v, m)
-  assert {(r.variant, r.method) for r in runs} == want
+  # The default-recipe candidates: one seed each, scored on validation.
+  recipes = {('recipe', name) for name, *_ in reproduce.RECIPES}
+  for v, m in recipes:
+    assert [r.seed for r in runs if (r.variant, r.method) == (v, m)] == [0]
+  assert {(r.variant, r.method) for r in runs} == want | recipes
   for name in ('simclr', 'moco_v2', 'insdis', 'cmc', 'supcon', 'tcl_sup',
                'tcl_ssl', 'cacr_k1', 'cacr_k4', 'cacr_moco', 'macl', 'jcl',
                'au_cl', 'hn_cl', 'dcl'):
@@ -39,8 +43,13 @@ def test_plan_covers_every_method_seed_and_variant():
 
 
 def test_plan_is_seed_major():
-  seeds = [r.seed for r in reproduce.plan()]
+  runs = reproduce.plan()
+  seeds = [r.seed for r in runs if r.variant != 'recipe']
   assert seeds == sorted(seeds)
+  # The recipe candidates run after seed 1, before seed 2.
+  where = [i for i, r in enumerate(runs) if r.variant == 'recipe']
+  assert where == list(range(where[0], where[-1] + 1))
+  assert runs[where[0] - 1].seed == 1 and runs[where[-1] + 1].seed == 2
 
 
 def test_every_run_has_the_same_protocol_and_steps():
@@ -49,10 +58,15 @@ def test_every_run_has_the_same_protocol_and_steps():
     o = dict(r.overrides)
     assert o['augment.preset'] == 'fmnist'
     assert o['dataset.validation_size'] == 10_000
-    assert o['eval.split'] == 'test'
     batch = o['batch_size']
     examples = reproduce.train_examples(o.get('dataset.imbalance', 'none'))
     steps = int(o['num_epochs'] * (examples // batch))   # As train.py does.
+    if r.variant == 'recipe':
+      # Chosen on validation, with the default job's images: 936 x 256.
+      assert o['eval.split'] == 'validation' and r.config == 'default'
+      assert steps * batch == 936 * 256, r.run_id
+      continue
+    assert o['eval.split'] == 'test'
     if r.variant == 'baselines':
       assert steps == 1 and o['eval.baselines']
       continue
@@ -167,6 +181,28 @@ def test_quick_study_end_to_end(tmp_path):
   assert second.returncode == 0, second.stderr[-3000:]
   assert 'main.py' not in second.stdout
   assert mtimes == {p: os.path.getmtime(os.path.join(out, p)) for p in mtimes}
+
+
+def test_report_lists_the_recipe_candidates_on_validation(tmp_path):
+  runs = reproduce.plan()
+  cand = [r for r in runs if r.variant == 'recipe']
+  rec = _record(cand[0], 0.8412, 0.8850, 936)
+  rec['eval_split'] = 'validation'
+  rec['validation'] = dict(rec.pop('test'), random_init={
+      'knn': 0.8190, 'linear': 0.8533})
+  report, plot = str(tmp_path / 'REPORT.md'), str(tmp_path / 'r.png')
+  reproduce.write_report([rec], runs, report, plot)
+  with open(report) as f:
+    text = f.read()
+  section = text.split('## The default recipe')[1].split('\n## ')[0]
+  rows = [l for l in section.splitlines() if l.startswith('| ')][1:]
+  assert len(rows) == len(reproduce.RECIPES) + 1       # + random init
+  assert rows[0].startswith('| default:') and '| 84.12 | 88.50 |' in rows[0]
+  assert all('| - | - |' in r for r in rows[1:-1])     # not run yet
+  assert rows[-1] == '| baseline: random_init | - | 81.90 | 85.33 | - |'
+  # Validation numbers never enter the test-split table.
+  table = text.split('## Accuracy per method')[1].split('###')[0]
+  assert 'recipe' not in table and '84.12' not in table
 
 
 # ------------------------------------------------------- config paragraphs ---
