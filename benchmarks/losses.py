@@ -12,34 +12,39 @@ within 3x of its floor.
     python benchmarks/losses.py --quick          # small sizes, ~1 minute
     python benchmarks/losses.py --sizes 1024 --queue 16384 --only cacr,macl
 
-Measured on the project's 2-core CPU (quiet: load average ~2), `python
+Measured on the project's 2-core CPU (the background study paused), `python
 benchmarks/losses.py --sizes 4096 --repeats 5`, D = 128, Q = 65536,
-2026-11-25:
+2026-11-25, each loss alternating run by run with its floor:
 
-    loss            N*V  floor shape  loss ms  floor ms  ratio
-    align_uniform  4096    4096x4096    397.1     176.6   2.25
-    byol           4096    4096x4096      1.2     176.6   0.01
-    cacr           4096    4096x4096    120.6     176.6   0.68
-    cacr+queue     4096   4096x67584   4615.9    2377.1   1.94
-    cmc            4096    4096x4096    170.7     176.6   0.97
-    dcl            4096    4096x4096    151.0     176.6   0.85
-    hard_negative  4096    4096x4096    420.1     176.6   2.38
-    infonce        4096   4096x65536   3634.2    2386.8   1.52
-    insdis         4096   4096x65536   3204.8    2386.8   1.34
-    jcl            4096   4096x65536   2581.0    2386.8   1.08
-    macl           4096    4096x4096     71.7     176.6   0.41
-    ntxent         4096    4096x4096    345.1     176.6   1.95
-    supcon         4096    4096x4096    376.3     176.6   2.13
-    tcl            4096    4096x4096    557.3     176.6   3.16
+    loss              N*V    floor shape   loss ms  floor ms  ratio
+    align_uniform    4096      4096x4096    300.85    169.88   1.77
+    byol             4096      4096x4096      2.16    161.22   0.01
+    cacr             4096      4096x4096    118.29    155.00   0.76
+    cacr+queue       4096     4096x67584   7478.28   2877.61   2.60
+    cmc              4096      4096x4096    132.96    147.32   0.90
+    dcl              4096      4096x4096    124.34    153.53   0.81
+    hard_negative    4096      4096x4096    324.31    164.93   1.97
+    infonce          4096     4096x65536   4715.18   2430.33   1.94
+    insdis           4096     4096x65536   4116.78   2193.19   1.88
+    jcl              4096     4096x65536   3532.19   2212.35   1.60
+    macl             4096      4096x4096     56.37    160.82   0.35
+    ntxent           4096      4096x4096    288.97    185.62   1.56
+    supcon           4096      4096x4096    282.69    173.38   1.63
+    tcl              4096      4096x4096    385.47    201.51   1.91
 
-Every loss but tcl is within 3x; tcl, after its two in-batch sums were
-merged into one pass, measured 504 ms against a 166.9 ms floor (3.02x) in
-the next run: at the limit, not under it (its per-pair gradient
-diagnostics, pos_grad_coef and neg_grad_coef, are two more passes over
-[M, M]). A ratio below 1 means the loss multiplies smaller blocks than
-[N*V, N*V] (per-view-pair [N, N] similarities); byol has no similarity
-matmul at all. hard_negative was 4.5x before its positives' terms moved from
-[M, M] to [N, V, V] arrays and its two log-sum-exps shared one pass.
+Every loss is within 3x. The ratios move by up to ~0.3 between runs (the
+cacr+queue row measured 1.71 in an earlier run that day); the loss and its floor
+alternating (`_time`) keeps a load burst from landing on one of the two only.
+Earlier tables timed each floor once, before its losses, and overstated the
+ratios (tcl 3.02-3.16x then). tcl's time fell from 467-473 ms to 375-432 ms
+(same run, 2 rounds each, the code before and after alternating) when the
+|P(i)|, |N(i)| counts came from the sorted labels instead of summing [M, M]
+masks and its gradient diagnostics reused the loss's exponentials: on
+XLA:CPU every masked reduction over [M, M] is a pass of its own. A ratio
+below 1 means the loss multiplies smaller blocks than [N*V, N*V]
+(per-view-pair [N, N] similarities); byol has no similarity matmul at all.
+hard_negative was 4.5x before its positives' terms moved from [M, M] to
+[N, V, V] arrays and its two log-sum-exps shared one pass.
 """
 
 from __future__ import annotations
@@ -155,15 +160,22 @@ BUILDERS: dict[str, Callable] = {
 }
 
 
-def _time(fn, args, repeats: int) -> float:
-  """Median seconds of jitted fn(*args) over `repeats` runs after a warm-up."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
+def _time(jobs, repeats: int) -> list[float]:
+  """Median seconds of each jitted fn(*args) of `jobs`, after a warm-up.
+
+  jobs: [(fn, args), ...]. The jobs alternate run by run, so that a load
+  change on a shared machine moves all medians alike and a ratio between
+  them (loss to floor) holds.
+  """
+  for fn, args in jobs:
     jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  times = [[] for _ in jobs]
+  for _ in range(repeats):
+    for (fn, args), out in zip(jobs, times):
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      out.append(time.perf_counter() - start)
+  return [statistics.median(t) for t in times]
 
 
 def _floor_fn(rows: int, cols: int, same: bool, d: int, rng):
@@ -202,7 +214,6 @@ def main(argv=None):
   print(header)
   print('-' * len(header))
   rng = jax.random.PRNGKey(0)
-  floors = {}
   for name in names:
     if name not in BUILDERS:
       print(f'{name:<14} skipped: no input builder in benchmarks/losses.py')
@@ -217,15 +228,12 @@ def main(argv=None):
         # Gradient with respect to the trainable embeddings only.
         step = jax.jit(jax.value_and_grad(fn, has_aux=True))
         try:
-          t = _time(step, (x, *consts), args.repeats)
+          t, tf = _time([(step, (x, *consts)),
+                         _floor_fn(rows, cols, same, args.dim, rng)],
+                        args.repeats)
         except Exception as e:
           print(f'{label:<14} {nv:>6} skipped: {type(e).__name__}: {e}')
           continue
-        fkey = (rows, cols, same)
-        if fkey not in floors:
-          floors[fkey] = _time(*_floor_fn(rows, cols, same, args.dim, rng),
-                               args.repeats)
-        tf = floors[fkey]
         print(f'{label:<14} {nv:>6} {f"{rows}x{cols}":>14} '
               f'{1e3 * t:>9.2f} {1e3 * tf:>9.2f} {t / tf:>6.2f}', flush=True)
 

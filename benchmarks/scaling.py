@@ -252,7 +252,7 @@ def loss_worker(name: str, sizes: list[int], rows: int, repeats: int,
   seconds = [[] for _ in sizes]
   for _ in range(rounds):
     for i, (step, args) in enumerate(jobs):
-      seconds[i].append(time_fn(step, args, repeats))
+      seconds[i].append(time_fn([(step, args)], repeats)[0])
   return {'seconds': [statistics.median(s) for s in seconds]}
 
 

@@ -40,8 +40,35 @@ with torch (`--torch_python`; the project does not install torch):
     PYTHONPATH=. .venv/bin/python benchmarks/train_step.py --peer
 
 `--profile` breaks the default 1-device step down: forward only, forward +
-loss, forward + backward, the full step, then each SmallCNN stage's conv,
-BN + ReLU and max-pool, forward + backward, in isolation at the step's shapes.
+loss, forward + backward, the full step; the full step's XLA ops traced
+(jax.profiler) and summed by model layer; then each SmallCNN stage's conv,
+BN + ReLU and max-pool, forward + backward against a random cotangent, in
+isolation at the step's shapes, next to the alternatives they replaced.
+
+Where the step's time goes (`--profile`, 2026-11-25, 1 device, the study
+running niced beside it; the traced ops sum to 1.62 s): the convolutions are
+1.18 s of it, backward 666 ms (conv1 291, conv2 205, conv3 113, conv0 57)
+and forward 513 ms (conv1 181, conv2 153, conv0 117, conv3 62); ReLU +
+max-pool 197 ms, BN 195 ms, the loss, the head and AdamW together 44 ms.
+In the backward, rebuilding the im2col patches (9 pad+slice copies and a
+concatenate per conv) is ~340 ms, the two patch matmuls most of the rest.
+XLA:CPU (jax 0.10.2) runs the forward convolutions and the matmuls through
+YNNPACK fusions (`ynn_fusion`) at 40-70 GFLOP/s, a quarter to under half of
+the matmul peak measured that day (162 GFLOP/s).
+
+Tried for the step on 2026-11-25, each in the 2-device step alternated with
+the shipped code, none a gain beyond the run-to-run noise (~10% here):
+im2col + matmul in the forward too, patches saved for the backward (1.62 s
+vs 1.32 s); patches from `lax.conv_general_dilated_patches` (13.8 s: a
+grouped convolution); patches stacked on a new axis (1.43 vs 1.33); the
+padding behind an optimization barrier so the slices are plain copies
+(medians 1.25 vs 1.26); the kernel gradient as 9 matmuls on shifted slices,
+no patches (1.42 vs 1.26); the input gradient as a forward convolution with
+the flipped kernel (1.31 vs 1.26); conv0 (1 input channel) as 9 fused
+multiply-adds (1.76 vs 1.33); max-pool before ReLU (the same values; 1.39
+vs 1.37). Earlier: oneDNN (`--xla_cpu_use_onednn`,
+`--xla_cpu_experimental_onednn_custom_call`: no custom call is emitted) and
+YNNPACK fusion types (`--xla_cpu_experimental_ynn_fusion_type`), no change.
 """
 
 import argparse
@@ -181,6 +208,7 @@ def run_profile(steps: int) -> dict:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from contrastive_jax import losses  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import models  # pylint: disable=g-import-not-at-top
   from contrastive_jax import train  # pylint: disable=g-import-not-at-top
 
   config = _config('default', 512)
@@ -219,54 +247,97 @@ def run_profile(steps: int) -> dict:
     jax.block_until_ready(fn(*args))
     out['phases'][name] = float(np.median(_timed(fn, *args, steps=steps)))
 
-  # Each SmallCNN stage in isolation, forward + backward (sum of outputs as
-  # the cotangent), at the shapes of the default step: 1024 images.
+  out['by_op'] = _step_time_by_op(step_fn, (state, batch, jax.random.key(1)))
+
+  # Each SmallCNN stage in isolation, forward + backward at the shapes of
+  # the default step (1024 images), against a random cotangent: with sum()'s
+  # constant one XLA simplifies the gradient's convolutions away. The first
+  # row of each op is what models.SmallCNN runs; indented rows are the
+  # alternatives it replaced.
   widths = config.model.encoder_kwargs.widths
   hw, cin = 28, 1
   rng = np.random.default_rng(1)
+
+  def vjp_time(f, *args):
+    """Median time of grad of <f(*args), ct> w.r.t. every arg, ct random."""
+    ct = jnp.asarray(rng.standard_normal(jax.eval_shape(f, *args).shape,
+                                         np.float32))
+    grad = jax.jit(jax.grad(lambda ct, *a: jnp.vdot(f(*a), ct),
+                            argnums=tuple(range(1, len(args) + 1))))
+    jax.block_until_ready(grad(ct, *args))
+    return float(np.median(_timed(grad, ct, *args, steps=steps)))
+
   for i, w in enumerate(widths):
     x = jnp.asarray(rng.random((b * v, hw, hw, cin), np.float32))
-    conv = nn.Conv(w, (3, 3), use_bias=False)
+    conv = nn.Conv(w, (3, 3), use_bias=False,
+                   conv_general_dilated=models.cpu_conv)
+    xla_conv = nn.Conv(w, (3, 3), use_bias=False)
     cp = conv.init(jax.random.key(0), x)
     y = conv.apply(cp, x)
     bn = nn.BatchNorm(use_running_average=False, momentum=0.9)
     bp = bn.init(jax.random.key(0), y)
-
-    def conv_loss(p, x, conv=conv):
-      return jnp.sum(conv.apply(p, x))
-
-    def bn_loss(p, y, bn=bn):
-      return jnp.sum(nn.relu(bn.apply(p, y, mutable=['batch_stats'])[0]))
-
-    ops = {f'stage{i} conv 3x3 {cin}->{w} @{hw}px':
-               (jax.jit(jax.grad(conv_loss, argnums=(0, 1))), (cp, x)),
-           f'stage{i} BN+ReLU {w}ch @{hw}px':
-               (jax.jit(jax.grad(bn_loss, argnums=(0, 1))), (bp, y))}
+    ops = {
+        f'stage{i} conv 3x3 {cin}->{w} @{hw}px': (conv.apply, cp, x),
+        f'  (stage{i} alternative: XLA conv, autodiff)':
+            (xla_conv.apply, cp, x),
+        f'stage{i} BN+ReLU {w}ch @{hw}px': (
+            lambda p, y, bn=bn: nn.relu(
+                bn.apply(p, y, mutable=['batch_stats'])[0]), bp, y)}
     if i < len(widths) - 1:
-      pool_max = lambda y: jnp.sum(nn.max_pool(y, (2, 2), strides=(2, 2)))
-      pool_avg = lambda y: jnp.sum(nn.avg_pool(y, (2, 2), strides=(2, 2)))
-      ops[f'stage{i} max_pool 2x2 {w}ch @{hw}px'] = (
-          jax.jit(jax.grad(pool_max)), (y,))
-      ops[f'  (alternative: avg_pool 2x2 {w}ch @{hw}px)'] = (
-          jax.jit(jax.grad(pool_avg)), (y,))
-      ops[f'  (alternative: reshape+max 2x2 {w}ch @{hw}px)'] = (
-          jax.jit(jax.grad(lambda y: jnp.sum(_reshape_max_pool(y)))), (y,))
-    for name, (fn, args) in ops.items():
-      jax.block_until_ready(fn(*args))
-      out['layers'][name] = float(np.median(_timed(fn, *args, steps=steps)))
+      ops[f'stage{i} max-pool 2x2 {w}ch @{hw}px'] = (models.max_pool_2x2, y)
+      ops[f'  (stage{i} alternative: nn.max_pool)'] = (
+          lambda y: nn.max_pool(y, (2, 2), strides=(2, 2)), y)
+      ops[f'  (stage{i} alternative: nn.avg_pool)'] = (
+          lambda y: nn.avg_pool(y, (2, 2), strides=(2, 2)), y)
+    for name, (f, *args) in ops.items():
+      out['layers'][name] = vjp_time(f, *args)
     hw, cin = (hw // 2 if i < len(widths) - 1 else hw), w
   return out
 
 
-def _reshape_max_pool(x):
-  """2x2/2 VALID max-pool as reshape + max: same forward as nn.max_pool.
+def _step_time_by_op(step_fn, args, steps: int = 3) -> dict[str, float]:
+  """Seconds per step of each part of the compiled step, from a trace.
 
-  Its gradient is an elementwise compare-and-select instead of XLA's
-  select-and-scatter, which is slow on CPU (see --profile).
+  Runs `steps` steps under `jax.profiler.trace` (Perfetto JSON), sums each
+  XLA op's time and files it under the model layer of its `op_name`
+  metadata ('fwd encoder/conv1', 'bwd encoder/bn1', ...; 'bwd' is the
+  transpose, i.e. the gradient; ops outside a named layer, ReLU and
+  max-pool, under 'fwd encoder' / 'bwd encoder'). Ops run in parallel on the
+  two cores count in full, so the parts can add up to more than the step.
   """
-  b, h, w, c = x.shape
-  x = x[:, :h // 2 * 2, :w // 2 * 2]
-  return x.reshape(b, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
+  import gzip  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+
+  compiled = step_fn.lower(*args).compile()
+  part_of = {}
+  for m in re.finditer(r'%([\w.-]+) = .*?op_name="([^"]*)"',
+                       compiled.as_text()):
+    name, op_name = m.groups()
+    kind = 'bwd' if 'transpose(' in op_name else 'fwd'
+    layer = re.search(r'ContrastiveModel\)+/((?:encoder|head)(?:/[a-z]+\d+)?)',
+                      op_name)
+    part_of[name] = (f'{kind} {layer.group(1)}' if layer else
+                     'loss, optimizer, other')
+  state, batch, rng = args
+  state, _ = compiled(state, batch, rng)            # args are donated
+  jax.block_until_ready(state)
+  with tempfile.TemporaryDirectory() as tmp:
+    with jax.profiler.trace(tmp, create_perfetto_trace=True):
+      for _ in range(steps):
+        state, metrics = compiled(state, batch, rng)
+      jax.block_until_ready(metrics)
+    (trace,) = [os.path.join(d, f) for d, _, fs in os.walk(tmp) for f in fs
+                if f.endswith('.trace.json.gz')]
+    with gzip.open(trace) as f:
+      events = json.load(f)['traceEvents']
+  seconds = {}
+  for e in events:
+    part = part_of.get(e.get('name'))
+    if e.get('ph') == 'X' and part:
+      seconds[part] = seconds.get(part, 0.) + e['dur'] * 1e-6 / steps
+  return dict(sorted(seconds.items(), key=lambda kv: -kv[1]))
 
 
 def _subprocess(args: list[str]) -> dict:
@@ -368,6 +439,10 @@ def main():
           f'(median of {args.steps}):')
     for name, t in res['phases'].items():
       print(f'  {name:<28}{t * 1e3:9.1f} ms  {100 * t / full:5.1f}%')
+    print('\nThe full step by model layer (XLA ops traced, summed by their '
+          'op_name):')
+    for name, t in res['by_op'].items():
+      print(f'  {name:<40}{t * 1e3:9.1f} ms  {100 * t / full:5.1f}%')
     print('\nSmallCNN ops in isolation, forward + backward, 1024 images:')
     for name, t in res['layers'].items():
       print(f'  {name:<40}{t * 1e3:9.1f} ms  {100 * t / full:5.1f}%')

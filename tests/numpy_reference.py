@@ -112,6 +112,27 @@ def tcl_grad_coefs(z, labels, tau, k1, k2):
   return sum(pos_coefs) / len(pos_coefs), sum(neg_coefs) / len(neg_coefs)
 
 
+def label_batch_metrics(z, labels):
+  """The supervised losses' batch metrics, pair by pair: mean cosine over all
+  (anchor, positive) and over all (anchor, negative) pairs, the fraction of
+  anchors with a positive whose nearest other embedding is a positive, and
+  the mean number of positives per anchor. labels=None: instance labels."""
+  rows = _flat(z)
+  if labels is None:
+    labels = list(range(len(z)))
+  pos_sims, neg_sims, hits, n_pos = [], [], [], []
+  for i, (ii, _, zi) in enumerate(rows):
+    others = [(labels[ij] == labels[ii], zi @ zj)
+              for j, (ij, _, zj) in enumerate(rows) if j != i]
+    pos_sims += [s for same, s in others if same]
+    neg_sims += [s for same, s in others if not same]
+    n_pos.append(sum(same for same, _ in others))
+    if n_pos[-1]:
+      hits.append(max(others, key=lambda o: o[1])[0])
+  return {'pos_sim': np.mean(pos_sims), 'neg_sim': np.mean(neg_sims),
+          'acc': np.mean(hits), 'num_pos': np.mean(n_pos)}
+
+
 def infonce(query, key, queue, tau, in_batch=True):
   """MoCo eq. 1 per (query view a, key view b) pair, mean over anchors."""
   q, k = unit(query), unit(key)

@@ -216,6 +216,25 @@ def test_tcl_gradient_diagnostics_match_reference(k1, k2, tau):
   np.testing.assert_allclose(m['neg_grad_coef'], want_neg, rtol=1e-5)
 
 
+# Unsorted, non-contiguous and negative ids; 4 is a singleton.
+ODD_LABELS = np.array([7, -2, 7, 4, -2, 7, 11, 11], np.int32)
+
+
+@pytest.mark.parametrize('loss,v,labels', [
+    ('supcon', 1, ODD_LABELS), ('supcon', 3, ODD_LABELS),
+    ('tcl', 2, ODD_LABELS), ('tcl', 3, None)])
+def test_batch_metrics_match_a_loop(loss, v, labels):
+  # pos_sim, neg_sim and num_pos use |P(i)|, |N(i)| counted from the sorted
+  # labels, not from the masks; the loop counts pairs one by one.
+  z = rand(8, v, 6, seed=31 + v)
+  kwargs = {} if labels is None else {'labels': labels}
+  _, m = J(getattr(supervised, loss), z, **kwargs)
+  want = ref.label_batch_metrics(z, labels)
+  for key in ('pos_sim', 'neg_sim', 'acc', 'num_pos'):
+    np.testing.assert_allclose(m[key], want[key], rtol=1e-5, atol=1e-6,
+                               err_msg=key)
+
+
 def test_tcl_rejects_bad_inputs():
   with pytest.raises(ValueError, match='z has 1 views'):
     supervised.tcl(rand(4, 1, 8))        # self-supervised needs V >= 2

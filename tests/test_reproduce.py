@@ -31,7 +31,11 @@ def test_plan_covers_every_method_seed_and_variant():
   for v, m in want:
     seeds = sorted(r.seed for r in runs if (r.variant, r.method) == (v, m))
     assert seeds == [0, 1, 2], (v, m)
-  assert {(r.variant, r.method) for r in runs} == want
+  # The default-recipe candidates: one seed each, scored on validation.
+  recipes = {('recipe', name) for name, *_ in reproduce.RECIPES}
+  for v, m in recipes:
+    assert [r.seed for r in runs if (r.variant, r.method) == (v, m)] == [0]
+  assert {(r.variant, r.method) for r in runs} == want | recipes
   for name in ('simclr', 'moco_v2', 'insdis', 'cmc', 'supcon', 'tcl_sup',
                'tcl_ssl', 'cacr_k1', 'cacr_k4', 'cacr_moco', 'macl', 'jcl',
                'au_cl', 'hn_cl', 'dcl'):
@@ -39,8 +43,13 @@ def test_plan_covers_every_method_seed_and_variant():
 
 
 def test_plan_is_seed_major():
-  seeds = [r.seed for r in reproduce.plan()]
+  runs = reproduce.plan()
+  seeds = [r.seed for r in runs if r.variant != 'recipe']
   assert seeds == sorted(seeds)
+  # The recipe candidates run after seed 1, before seed 2.
+  where = [i for i, r in enumerate(runs) if r.variant == 'recipe']
+  assert where == list(range(where[0], where[-1] + 1))
+  assert runs[where[0] - 1].seed == 1 and runs[where[-1] + 1].seed == 2
 
 
 def test_every_run_has_the_same_protocol_and_steps():
@@ -49,10 +58,15 @@ def test_every_run_has_the_same_protocol_and_steps():
     o = dict(r.overrides)
     assert o['augment.preset'] == 'fmnist'
     assert o['dataset.validation_size'] == 10_000
-    assert o['eval.split'] == 'test'
     batch = o['batch_size']
     examples = reproduce.train_examples(o.get('dataset.imbalance', 'none'))
     steps = int(o['num_epochs'] * (examples // batch))   # As train.py does.
+    if r.variant == 'recipe':
+      # Chosen on validation, with the default job's images: 936 x 256.
+      assert o['eval.split'] == 'validation' and r.config == 'default'
+      assert steps * batch == 936 * 256, r.run_id
+      continue
+    assert o['eval.split'] == 'test'
     if r.variant == 'baselines':
       assert steps == 1 and o['eval.baselines']
       continue
@@ -167,6 +181,88 @@ def test_quick_study_end_to_end(tmp_path):
   assert second.returncode == 0, second.stderr[-3000:]
   assert 'main.py' not in second.stdout
   assert mtimes == {p: os.path.getmtime(os.path.join(out, p)) for p in mtimes}
+
+
+def test_report_lists_the_recipe_candidates_on_validation(tmp_path):
+  runs = reproduce.plan()
+  cand = [r for r in runs if r.variant == 'recipe']
+  rec = _record(cand[0], 0.8412, 0.8850, 936)
+  rec['eval_split'] = 'validation'
+  rec['validation'] = dict(rec.pop('test'), random_init={
+      'knn': 0.8190, 'linear': 0.8533})
+  report, plot = str(tmp_path / 'REPORT.md'), str(tmp_path / 'r.png')
+  reproduce.write_report([rec], runs, report, plot)
+  with open(report) as f:
+    text = f.read()
+  section = text.split('## The default recipe')[1].split('\n## ')[0]
+  rows = [l for l in section.splitlines() if l.startswith('| ')][1:]
+  assert len(rows) == len(reproduce.RECIPES) + 1       # + random init
+  assert rows[0].startswith('| default:') and '| 84.12 | 88.50 |' in rows[0]
+  assert all('| - | - |' in r for r in rows[1:-1])     # not run yet
+  assert rows[-1] == '| baseline: random_init | - | 81.90 | 85.33 | - |'
+  # Validation numbers never enter the test-split table.
+  table = text.split('## Accuracy per method')[1].split('###')[0]
+  assert 'recipe' not in table and '84.12' not in table
+
+
+# ------------------------------------------------------- config paragraphs ---
+
+def _record(run, knn, linear, steps):
+  return {'args': run.args(), 'run_id': run.run_id, 'variant': run.variant,
+          'method': run.method, 'config': run.config, 'seed': run.seed,
+          'eval_split': 'test', 'steps': steps,
+          'overrides': dict(run.overrides),
+          'test': {'trained': {'knn': knn, 'linear': linear}}}
+
+
+def test_update_configs_writes_the_studys_figures(tmp_path):
+  runs = reproduce.plan()
+  by_id = {r.run_id: r for r in runs}
+  knn, lin = [0.8127, 0.8133], [0.8752, 0.8766]
+  records = [
+      _record(by_id['regular__simclr__s0'], knn[0], lin[0], 390),
+      _record(by_id['regular__simclr__s1'], knn[1], lin[1], 390),
+      _record(by_id['linear__simclr__s0'], 0.7431, 0.8401, 390),
+      _record(by_id['batch64__macl__s0'], 0.8201, 0.8770, 1560),
+      # configs/default.py's paragraph is the default job's: kept.
+      _record(by_id['regular__ntxent_t0.1__s0'], 0.82, 0.87, 390)]
+  originals = {}
+  for name in ('simclr', 'macl', 'default', 'insdis'):
+    with open(os.path.join(ROOT, 'configs', f'{name}.py')) as f:
+      originals[name] = f.read()
+    (tmp_path / f'{name}.py').write_text(originals[name])
+
+  changed = reproduce.update_configs(records, runs, str(tmp_path))
+  assert sorted(os.path.basename(p) for p in changed) == ['macl.py',
+                                                          'simclr.py']
+  for name in ('default', 'insdis'):     # no run of insdis has finished
+    assert (tmp_path / f'{name}.py').read_text() == originals[name]
+
+  text = (tmp_path / 'simclr.py').read_text()
+  row = re.search(r'^  regular data +(.*)$', text, re.M).group(1).split()
+  pct = lambda xs: [100 * x for x in xs]
+  assert row[:8] == [
+      'kNN', f'{np.mean(pct(knn)):.2f}', '+-',
+      f'{np.std(pct(knn), ddof=1):.2f}', 'linear',
+      f'{np.mean(pct(lin)):.2f}', '+-', f'{np.std(pct(lin), ddof=1):.2f}']
+  assert row[8:] == ['n=2,', '390x256']
+  assert re.search(r'^  linear-imbalanced +kNN 74.31 +linear 84.01 +n=1,',
+                   text, re.M)
+  assert re.search(r'^  batch 64 +kNN 82.01 .* n=1, 1560x64$',
+                   (tmp_path / 'macl.py').read_text(), re.M)
+  # Only the paragraph changed: the text around it is the original's.
+  head, tail = originals['simclr'].split('Expected: not measured yet', 1)
+  assert text.startswith(head)
+  assert text.endswith(tail[tail.index('\n\n'):])
+  # The command in it is seed 0's, the study's own arguments.
+  cmd = ' '.join(text.split('--workdir=workdir/regular__simclr__s0', 1)[1]
+                 .split('Written by')[0].replace('\\', ' ').split())
+  assert cmd == ' '.join(by_id['regular__simclr__s0'].args()[1:])
+  # The rewritten file is still the config, and a rerun changes nothing.
+  namespace = {}
+  exec(compile(text, 'simclr.py', 'exec'), namespace)  # pylint: disable=exec-used
+  assert namespace['get_config']().loss == 'ntxent'
+  assert reproduce.update_configs(records, runs, str(tmp_path)) == []
 
 
 # -------------------------------------------------------------- watchdog ---

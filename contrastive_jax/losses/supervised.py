@@ -19,7 +19,14 @@ _masked_mean = instance._masked_mean  # pylint: disable=protected-access
 
 
 def _label_batch(z, labels, *, supervised: bool):
-  """Validates inputs; returns (sim [M, M], pos, neg, self masks), M = N*V."""
+  """Validates inputs; returns the batch's similarities, masks and counts.
+
+  Returns (sim, pos, neg, self_mask, n_pos, n_neg): sim [M, M] cosines of the
+  M = N*V flattened embeddings; pos, neg, self_mask [M, M] bool masks of P(i),
+  N(i) and {i}; n_pos = |P(i)|, n_neg = |N(i)| [M] int32. The counts come
+  from the sorted labels (O(M log M)) rather than from summing the [M, M]
+  masks: on CPU each masked count is a full pass over M^2 entries.
+  """
   common.check_views(z, 'z', min_views=1 if supervised else 2)
   n, v, _ = z.shape
   if supervised:
@@ -34,7 +41,11 @@ def _label_batch(z, labels, *, supervised: bool):
   sim = zf @ zf.T                                          # [M, M]
   self_mask = jnp.eye(n * v, dtype=bool)
   same = y[:, None] == y[None, :]
-  return sim, same & ~self_mask, ~same, self_mask
+  y_sorted = jnp.sort(y)
+  n_same = (jnp.searchsorted(y_sorted, y, side='right')
+            - jnp.searchsorted(y_sorted, y, side='left'))  # |{j: y_j = y_i}|
+  return (sim, same & ~self_mask, ~same, self_mask, n_same - 1,
+          n * v - n_same)
 
 
 def _reduce(per_anchor: jax.Array, n_pos: jax.Array) -> jax.Array:
@@ -48,14 +59,22 @@ def _reduce(per_anchor: jax.Array, n_pos: jax.Array) -> jax.Array:
           / jnp.maximum(jnp.sum(valid), 1)).astype(jnp.float32)
 
 
-def _base_metrics(sim, logits, pos, neg, n_pos):
+def _mean_over(x: jax.Array, mask: jax.Array, counts: jax.Array) -> jax.Array:
+  """Mean of x [M, M] over mask, given the mask's row counts [M] (float32)."""
+  return (jnp.sum(jnp.where(mask, x, 0.))
+          / jnp.maximum(jnp.sum(counts), 1)).astype(jnp.float32)
+
+
+def _base_metrics(sim, logits, pos, neg, n_pos, n_neg):
+  """pos_sim, neg_sim, acc, num_pos; `logits` has the self entries masked."""
   m = sim.shape[0]
   has_pos = n_pos > 0
   hit = pos[jnp.arange(m), jnp.argmax(logits, -1)]
   return {
-      'pos_sim': _masked_mean(sim, pos),
-      'neg_sim': _masked_mean(sim, neg),
-      'acc': _masked_mean(hit, has_pos),
+      'pos_sim': _mean_over(sim, pos, n_pos),
+      'neg_sim': _mean_over(sim, neg, n_neg),
+      'acc': (jnp.sum(hit & has_pos)
+              / jnp.maximum(jnp.sum(has_pos), 1)).astype(jnp.float32),
       'num_pos': jnp.mean(n_pos).astype(jnp.float32),
   }
 
@@ -89,10 +108,10 @@ def supcon(z: jax.Array, labels: jax.Array, *, temperature: float = 0.1,
   """
   if variant not in ('out', 'in'):
     raise ValueError(f"variant must be 'out' or 'in'; got {variant!r}.")
-  sim, pos, neg, self_mask = _label_batch(z, labels, supervised=True)
+  sim, pos, neg, self_mask, n_pos, n_neg = _label_batch(z, labels,
+                                                        supervised=True)
   instance._check_temperature(temperature)  # pylint: disable=protected-access
   logits = jnp.where(self_mask, _MASKED, sim / temperature)
-  n_pos = jnp.sum(pos, axis=-1)
   lse_all = jax.nn.logsumexp(logits, axis=-1)
   if variant == 'out':
     mean_pos = (jnp.sum(jnp.where(pos, logits, 0.), -1)
@@ -102,7 +121,7 @@ def supcon(z: jax.Array, labels: jax.Array, *, temperature: float = 0.1,
     lse_pos = jax.nn.logsumexp(jnp.where(pos, logits, _MASKED), axis=-1)
     per_anchor = lse_all - lse_pos + jnp.log(jnp.maximum(n_pos, 1))
   return _reduce(per_anchor, n_pos), _base_metrics(sim, logits, pos, neg,
-                                                   n_pos)
+                                                   n_pos, n_neg)
 
 
 def tcl(z: jax.Array, labels: jax.Array | None = None, *,
@@ -160,24 +179,24 @@ def tcl(z: jax.Array, labels: jax.Array | None = None, *,
   if isinstance(k2, (int, float)) and k2 <= 0:
     raise ValueError(f'k2 must be > 0; got {k2}.')
   instance._check_temperature(temperature)  # pylint: disable=protected-access
-  sim, pos, neg, self_mask = _label_batch(z, labels, supervised=supervised)
+  sim, pos, neg, self_mask, n_pos, n_neg = _label_batch(
+      z, labels, supervised=supervised)
   logits = sim / temperature
-  n_pos = jnp.sum(pos, axis=-1)
-  # log D = log(sum_pos e^l + k2 sum_neg e^l + k1 sum_pos e^{-s}) in one
-  # pass over [M, M] for the first two sums, shifted by the row's largest
-  # non-self logit (their sum is then >= min(1, k2) > 0); e^{-s} <= e needs
-  # no shift. Zeros go in before each exp (the self entry's logit exceeds
-  # the shift, and a masked NaN gradient is 0 * inf).
+  # log D = log(sum_pos e^l + k2 sum_neg e^l + k1 sum_pos e^{-s}). The first
+  # two sums share e = e^{l - shift}, shifted by the row's largest non-self
+  # logit (their sum is then >= min(1, k2) > 0); the self entry goes to -inf
+  # before the exp, so e_ii = 0 with a zero (not NaN) gradient. e^{-s} <= e
+  # needs no shift. pos | neg is every non-self entry.
   shift = jax.lax.stop_gradient(jnp.max(
-      jnp.where(pos | neg, logits, _MASKED), axis=-1, keepdims=True))
-  weight = jnp.where(pos, 1., jnp.where(neg, k2, 0.))
-  in_batch = jnp.sum(weight * jnp.exp(jnp.where(pos | neg, logits - shift,
-                                                0.)), axis=-1)
-  log_d = shift[:, 0] + jnp.log(in_batch)
+      jnp.where(self_mask, _MASKED, logits), axis=-1, keepdims=True))
+  e = jnp.exp(jnp.where(self_mask, -jnp.inf, logits - shift))   # [M, M]
+  s_pos = jnp.sum(jnp.where(pos, e, 0.), axis=-1)
+  s_neg = jnp.sum(jnp.where(neg, e, 0.), axis=-1)
+  log_d = shift[:, 0] + jnp.log(s_pos + k2 * s_neg)
   use_k1 = not (isinstance(k1, (int, float)) and k1 == 0)
   if use_k1:
-    tuned = k1 * jnp.sum(jnp.where(pos, jnp.exp(-jnp.where(pos, sim, 0.)),
-                                   0.), axis=-1)
+    e_k1 = jnp.where(pos, jnp.exp(-sim), 0.)                   # [M, M]
+    tuned = k1 * jnp.sum(e_k1, axis=-1)
     # No positives (an excluded anchor): e^-inf = 0, not log 0.
     log_tuned = jnp.where(n_pos > 0, jnp.log(jnp.where(n_pos > 0, tuned, 1.)),
                           -jnp.inf)
@@ -186,16 +205,21 @@ def tcl(z: jax.Array, labels: jax.Array | None = None, *,
   per_anchor = log_d - mean_pos
 
   metrics = _base_metrics(sim, jnp.where(self_mask, _MASKED, logits), pos, neg,
-                          n_pos)
-  # Gradient coefficients of Lemma 2 (eqs. 4.6-4.9), diagnostics only.
+                          n_pos, n_neg)
+  # Gradient coefficients of Lemma 2 (eqs. 4.6-4.9), diagnostics only. They
+  # reuse the loss's exponentials rather than taking new ones over [M, M]:
+  # P_ij = e^{l_ij - log D_i} = e_ij e^{shift_i - log D_i} and
+  # Y_ij = tau k1 e^{-s_ij - log D_i}.
   sg = jax.lax.stop_gradient
-  sim_c, log_d_c = sg(sim), sg(log_d)[:, None]
-  x = 1. / jnp.maximum(n_pos, 1)[:, None]
-  p_t = jnp.exp(sim_c / temperature - log_d_c)
-  y_t = (temperature * k1) * jnp.exp(-sim_c - log_d_c) if use_k1 else 0.
-  pos_coef = jnp.sum(jnp.where(pos, jnp.abs(x - p_t + y_t), 0.), -1) * x[:, 0]
-  n_neg = jnp.sum(neg, axis=-1)
-  neg_coef = (k2 * jnp.sum(jnp.where(neg, p_t, 0.), -1)
+  log_d_c = sg(log_d)
+  x = 1. / jnp.maximum(n_pos, 1)
+  p_t = sg(e) * jnp.exp(sg(shift[:, 0]) - log_d_c)[:, None]
+  y_t = ((temperature * k1) * sg(e_k1) * jnp.exp(-log_d_c)[:, None]
+         if use_k1 else 0.)
+  pos_coef = jnp.sum(jnp.where(pos, jnp.abs(x[:, None] - p_t + y_t), 0.),
+                     -1) * x
+  # sum_{n in N(i)} P_in = s_neg,i e^{shift_i - log D_i}: no pass over [M, M].
+  neg_coef = (k2 * sg(s_neg) * jnp.exp(sg(shift[:, 0]) - log_d_c)
               / jnp.maximum(n_neg, 1))
   metrics['pos_grad_coef'] = _masked_mean(pos_coef, n_pos > 0)
   metrics['neg_grad_coef'] = _masked_mean(neg_coef, n_neg > 0)
