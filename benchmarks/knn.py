@@ -10,10 +10,14 @@ T = 0.1, cosine):
 
 * fmnist: 60k x 128 bank, 10k queries (Fashion-MNIST sized).
 * 1m:     1M x 128 bank, 1k queries.
+* flat:   60k x 2304 bank, 10k queries: the default job's representation
+          (the flattened 3x3x256 map); not run unless asked (--cases flat).
 
-Implementations: `jax` (knn_evaluate, one CPU device), `jax-shard2` (bank
-sharded over 2 virtual CPU devices: same 2 cores, so it shows the overhead of
-the sharded path, not a speed-up) and `numpy` (vectorised brute force:
+Implementations: `jax` (knn_evaluate, one CPU device), `jax-shard2` and
+`jax-shard8` (bank sharded over 2 or 8 virtual CPU devices: the same 2 cores,
+so they show the overhead of the sharded path, not a speed-up; 8 is the
+default job's device count; shard8 not run unless asked) and `numpy`
+(vectorised brute force:
 float32 matmul per 1024-query chunk, argpartition, stable sort, np.add.at
 votes).
 
@@ -24,6 +28,15 @@ run again ("steady"), then report peak RSS (getrusage ru_maxrss) minus the RSS
 before the first run: the extra memory the evaluation needed, compilation and
 XLA buffers included (tracemalloc cannot see XLA's allocator). Wall-clock with
 time.perf_counter; the machine is shared, so the load average is printed too.
+
+The default job's kNN (`--cases flat --impls jax jax-shard2 jax-shard8`,
+2026-11-25, the study running niced beside it, load average 7-13): steady
+22.4 s on 1 device, 24.8 s on 2, 26.0 s on 8 (peak +0.9, +1.2, +2.3 GB).
+The 2 x 10k x 60k x 2304 = 2.76 TFLOP of similarities at 22.4 s are 123
+GFLOP/s, about the float32 matmul rate measured that day (162 GFLOP/s with
+nothing beside it): the kNN of each 2304-d representation is bound by its
+matmul, and the three kNNs of the default job's evaluation (the pixels' is
+0.9 TFLOP) need ~40 s at that rate, most of a one-minute budget.
 """
 
 import argparse
@@ -37,8 +50,15 @@ import time
 CASES = {
     'fmnist': dict(n=60_000, d=128, q=10_000),
     '1m': dict(n=1_000_000, d=128, q=1_000),
+    'flat': dict(n=60_000, d=2304, q=10_000),
 }
-IMPLS = ('jax', 'jax-shard2', 'numpy')
+IMPLS = ('jax', 'jax-shard2', 'jax-shard8', 'numpy')
+DEFAULT_CASES, DEFAULT_IMPLS = ('fmnist', '1m'), ('jax', 'jax-shard2', 'numpy')
+
+
+def _devices(impl: str) -> int:
+  """Virtual CPU devices of an implementation: 'jax-shard8' -> 8."""
+  return int(impl.split('shard')[1]) if 'shard' in impl else 1
 KS = (20, 200)
 TEMPERATURE = 0.1
 NUM_CLASSES = 10
@@ -106,10 +126,10 @@ def child(case, impl):
     import jax
     from contrastive_jax.evaluators import knn
     mesh = None
-    if impl == 'jax-shard2':
+    if _devices(impl) > 1:
       # Explicit axes: the bank's layout is part of the array type, and
       # knn_evaluate places it with NamedSharding(mesh, P('data', None)).
-      mesh = jax.make_mesh((2,), ('data',),
+      mesh = jax.make_mesh((_devices(impl),), ('data',),
                            axis_types=(jax.sharding.AxisType.Explicit,))
     fn = lambda: knn.knn_evaluate(*data, num_classes=NUM_CLASSES, ks=KS,
                                   temperature=TEMPERATURE, mesh=mesh)
@@ -127,9 +147,9 @@ def child(case, impl):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--cases', nargs='+', default=list(CASES),
+  parser.add_argument('--cases', nargs='+', default=list(DEFAULT_CASES),
                       choices=list(CASES))
-  parser.add_argument('--impls', nargs='+', default=list(IMPLS),
+  parser.add_argument('--impls', nargs='+', default=list(DEFAULT_IMPLS),
                       choices=list(IMPLS))
   parser.add_argument('--child', nargs=2, help=argparse.SUPPRESS)
   args = parser.parse_args()
@@ -144,8 +164,9 @@ def main():
   for case in args.cases:
     for impl in args.impls:
       env = dict(os.environ)
-      env['XLA_FLAGS'] = ('--xla_force_host_platform_device_count=2'
-                          if impl == 'jax-shard2' else '')
+      env['XLA_FLAGS'] = (
+          f'--xla_force_host_platform_device_count={_devices(impl)}'
+          if _devices(impl) > 1 else '')
       out = subprocess.run(
           [sys.executable, __file__, '--child', case, impl], env=env,
           capture_output=True, text=True, check=True)
