@@ -81,6 +81,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Sequence
 
@@ -784,6 +785,9 @@ CONFIGS_DIR = os.path.join(ROOT, 'configs')
 # function wrote (configs/default.py's own measured paragraph is kept).
 _REWRITABLE = ('Expected: not measured yet', 'Expected: UNMEASURED',
                'Expected, from the study')
+# The placeholder's own text ends here; anything after it in its paragraph
+# is the config's and survives the rewrite.
+_PLACEHOLDER_END = 'replaces this line when it has finished.'
 _VARIANT_TEXT = {'regular': 'regular data', 'linear': 'linear-imbalanced',
                  'exponential': 'exponential-imbalanced',
                  'batch64': f'batch {SMALL_BATCH}'}
@@ -845,7 +849,9 @@ def update_configs(records: list[dict], runs: Sequence[Run],
 
   The paragraph runs from its line starting with "Expected" to the next
   blank line; only placeholders and paragraphs this function wrote are
-  replaced (`_REWRITABLE`), and nothing else in the file changes.
+  replaced (`_REWRITABLE`), and nothing else in the file changes but for
+  a placeholder's own remarks after its standard sentence, which move to a
+  paragraph of their own.
   """
   changed = []
   for config in sorted({r.config for r in runs}):
@@ -860,7 +866,12 @@ def update_configs(records: list[dict], runs: Sequence[Run],
     if not start:
       continue
     end = text.find('\n\n', start)
-    new = text[:start] + para + text[end:]
+    # What a placeholder says after its own sentence (a paper's figure, a
+    # remark) is kept, as the paragraph after the figures.
+    rest = text[start:end].split(_PLACEHOLDER_END, 1)[1:]
+    rest = ' '.join(rest[0].split()) if rest else ''
+    new = (text[:start] + para
+           + ('\n\n' + textwrap.fill(rest, 79) if rest else '') + text[end:])
     if new != text:
       with open(path, 'w') as f:
         f.write(new)

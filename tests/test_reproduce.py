@@ -225,16 +225,23 @@ def test_update_configs_writes_the_studys_figures(tmp_path):
       _record(by_id['linear__simclr__s0'], 0.7431, 0.8401, 390),
       _record(by_id['batch64__macl__s0'], 0.8201, 0.8770, 1560),
       # configs/default.py's paragraph is the default job's: kept.
-      _record(by_id['regular__ntxent_t0.1__s0'], 0.82, 0.87, 390)]
+      _record(by_id['regular__ntxent_t0.1__s0'], 0.82, 0.87, 390),
+      _record(by_id['regular__tcl_sup__s0'], 0.84, 0.88, 390)]
   originals = {}
-  for name in ('simclr', 'macl', 'default', 'insdis'):
+  for name in ('simclr', 'macl', 'default', 'insdis', 'tcl_sup'):
     with open(os.path.join(ROOT, 'configs', f'{name}.py')) as f:
       originals[name] = f.read()
     (tmp_path / f'{name}.py').write_text(originals[name])
 
   changed = reproduce.update_configs(records, runs, str(tmp_path))
-  assert sorted(os.path.basename(p) for p in changed) == ['macl.py',
-                                                          'simclr.py']
+  assert sorted(os.path.basename(p) for p in changed) == [
+      'macl.py', 'simclr.py', 'tcl_sup.py']
+  # The placeholder's remark (the thesis's figures) survives, as its own
+  # paragraph after the study's.
+  tcl = (tmp_path / 'tcl_sup.py').read_text()
+  assert 'Written by `python -m benchmarks.reproduce --update_configs`.\n\n' \
+      'The thesis reports 95.7% (TCL) vs 95.5% (SupCon)' in tcl
+  assert 'not measured yet' not in tcl
   for name in ('default', 'insdis'):     # no run of insdis has finished
     assert (tmp_path / f'{name}.py').read_text() == originals[name]
 
