@@ -699,8 +699,7 @@ def write_report(records: list[dict], runs: Sequence[Run], report: str,
 
 def _recipe_lines(records: list[dict], runs: Sequence[Run]) -> list[str]:
   """The default-recipe table: each candidate's validation accuracy."""
-  cand = [r for r in runs if r.variant == 'recipe']
-  if not cand:
+  if not any(r.variant == 'recipe' for r in runs):
     return []
   rec = {r['method']: r for r in records if r['variant'] == 'recipe'}
   acc = lambda r, m, rep='trained': (f'{_acc(r, m, rep):.2f}' if r and
@@ -712,7 +711,7 @@ def _recipe_lines(records: list[dict], runs: Sequence[Run]) -> list[str]:
            'images (%), seed 0. The test split plays no part in the choice.',
            '', '| recipe | overrides | kNN | linear | train s |',
            '|---|---|---|---|---|']
-  for run, (name, extra, what) in zip(cand, RECIPES):
+  for name, extra, what in RECIPES:
     r = rec.get(name)
     shown = {k: v for k, v in extra.items() if k != 'eval.baselines'}
     over = ' '.join(f'{k}={_flag_value(v)}' for k, v in shown.items())
@@ -818,12 +817,12 @@ def expected_paragraph(config: str, records: list[dict],
            'figures in', 'benchmarks/REPORT.md): % on the test split, mean +- '
            'std over the seeds', f'finished (of {len(SEEDS)}), then n seeds '
            'and steps x batch size:']
+  pm = lambda cell: (f'{cell.mean:.2f} +- {cell.std:.2f}' if cell.n > 1
+                     else f'{cell.mean:.2f}')
   for variant, method in done:
     knn, lin = c[(variant, method, 'knn')], c[(variant, method, 'linear')]
     label = _VARIANT_TEXT[variant] + (
         f' ({method})' if method != config else '')
-    pm = lambda cell: (f'{cell.mean:.2f} +- {cell.std:.2f}' if cell.n > 1
-                       else f'{cell.mean:.2f}')
     n_steps, batch = steps[(variant, method)]
     lines.append(f'  {label:<22} kNN {pm(knn):<13} linear {pm(lin):<13} '
                  f'n={knn.n}, {n_steps}x{batch}')

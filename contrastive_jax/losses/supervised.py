@@ -73,8 +73,7 @@ def _base_metrics(sim, logits, pos, neg, n_pos, n_neg):
   return {
       'pos_sim': _mean_over(sim, pos, n_pos),
       'neg_sim': _mean_over(sim, neg, n_neg),
-      'acc': (jnp.sum(hit & has_pos)
-              / jnp.maximum(jnp.sum(has_pos), 1)).astype(jnp.float32),
+      'acc': _masked_mean(hit, has_pos),
       'num_pos': jnp.mean(n_pos).astype(jnp.float32),
   }
 
@@ -213,14 +212,14 @@ def tcl(z: jax.Array, labels: jax.Array | None = None, *,
   sg = jax.lax.stop_gradient
   log_d_c = sg(log_d)
   x = 1. / jnp.maximum(n_pos, 1)
-  p_t = sg(e) * jnp.exp(sg(shift[:, 0]) - log_d_c)[:, None]
+  p_scale = jnp.exp(shift[:, 0] - log_d_c)     # P_ij = e_ij p_scale_i; shift
+  p_t = sg(e) * p_scale[:, None]               # is already stop_gradient.
   y_t = ((temperature * k1) * sg(e_k1) * jnp.exp(-log_d_c)[:, None]
          if use_k1 else 0.)
   pos_coef = jnp.sum(jnp.where(pos, jnp.abs(x[:, None] - p_t + y_t), 0.),
                      -1) * x
-  # sum_{n in N(i)} P_in = s_neg,i e^{shift_i - log D_i}: no pass over [M, M].
-  neg_coef = (k2 * sg(s_neg) * jnp.exp(sg(shift[:, 0]) - log_d_c)
-              / jnp.maximum(n_neg, 1))
+  # sum_{n in N(i)} P_in = s_neg,i p_scale_i: no pass over [M, M].
+  neg_coef = k2 * sg(s_neg) * p_scale / jnp.maximum(n_neg, 1)
   metrics['pos_grad_coef'] = _masked_mean(pos_coef, n_pos > 0)
   metrics['neg_grad_coef'] = _masked_mean(neg_coef, n_neg > 0)
   return _reduce(per_anchor, n_pos), metrics
