@@ -55,7 +55,8 @@ papers' as notes/*.md give them):
   the method runs and computed once per seed by their own run.
 
 The default recipe (`RECIPES`, after seed 1's runs): configs/default.py
-with a few candidate overrides (temperature, learning rate, batch), each
+with a few candidate overrides (temperature, learning rate, what the head
+reads, crop scale, batch), each
 trained on the default job's number of images and scored on the validation
 split only, one seed; REPORT.md's recipe table, next to the random-init and
 raw-pixel baselines on validation, is what configs/default.py's choice is
@@ -145,6 +146,11 @@ RECIPES = [
      'the raw-pixel and random-init baselines on validation'),
     ('tau0.2', {'loss_kwargs.temperature': 0.2}, 'temperature 0.2'),
     ('lr3e-3', {'optimizer.base_learning_rate': 3e-3}, 'peak lr 3e-3'),
+    ('head_features', {'model.head_input': 'features'},
+     'the head reads the flattened 3x3x256 map that evaluation reads, not '
+     'its global average'),
+    ('crop0.08', {'augment.overrides': ({'crop_scale': (0.08, 1.)},)},
+     "crops of 0.08-1 of the area (SimCLR's) instead of 0.3-1"),
     ('batch64', {'batch_size': 64, 'optimizer.base_learning_rate': 4e-3},
      'batch 64 (4x the steps), peak lr 1e-3'),
     ('batch64_lr2e-3', {'batch_size': 64, 'optimizer.base_learning_rate': 8e-3},

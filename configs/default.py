@@ -82,6 +82,9 @@ def get_config() -> ml_collections.ConfigDict:
   # its global average.
   config.model.encoder_kwargs = ml_collections.ConfigDict(
       {'widths': (32, 64, 128, 256), 'pool': 'none'})
+  # What the head reads from the map: 'pooled' (its global average) or
+  # 'features' (the flattened map that evaluation reads).
+  config.model.head_input = 'pooled'
   config.model.head_hidden_dim = 512
   config.model.head_out_dim = 128
   config.model.head_layers = 2

@@ -188,23 +188,31 @@ class ContrastiveModel(nn.Module):
   reads) and `projection` [B, out_dim] (head output, the input of the loss),
   both float32 whatever the compute dtype: the losses' similarities and
   log-sum-exp, the kNN and the probes run in full precision.
-  An encoder may return a spatial map [B, h, w, C]: the head then reads its
-  global average, and `features` is the flattened map. On 28x28 clothing the
-  spatial layout of the last map is what separates shirt from coat, and the
-  flattened map beats the pooled one for every encoder state measured (see
-  configs/default.py), while the loss still sees a pooled, SimCLR-style input.
+  An encoder may return a spatial map [B, h, w, C]: `features` is then the
+  flattened map [B, h * w * C]. On 28x28 clothing the spatial layout of the
+  last map is what separates shirt from coat, and the flattened map beats the
+  pooled one for every encoder state measured (see configs/default.py).
+
+  `head_input` is what the head reads from such a map: 'pooled', its global
+  average [B, C] (a SimCLR-style input: the loss never sees where a part
+  is), or 'features', the flattened map that evaluation reads, so the loss
+  trains the representation itself, as SimCLR's head on its pooled ResNet
+  output does. For a vector encoder both are the vector.
   """
   encoder: nn.Module
   head: nn.Module
+  head_input: str = 'pooled'
 
   def __call__(self, x, *, train: bool):
     h = self.encoder(x, train=train)
     if h.ndim == 4:
-      features, pooled = h.reshape(h.shape[0], -1), jnp.mean(h, axis=(1, 2))
+      features = h.reshape(h.shape[0], -1)
+      head_in = (jnp.mean(h, axis=(1, 2)) if self.head_input == 'pooled'
+                 else features)
     else:
-      features = pooled = h
+      features = head_in = h
     return {'features': features.astype(jnp.float32),
-            'projection': self.head(pooled, train=train).astype(jnp.float32)}
+            'projection': self.head(head_in, train=train).astype(jnp.float32)}
 
 
 class WithPredictor(nn.Module):
@@ -233,6 +241,8 @@ class WithPredictor(nn.Module):
 # Compute dtypes `config.model.dtype` may name. Parameters, BatchNorm
 # statistics, optimizer state and the loss stay float32 in every case.
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+# What the projection head reads from a spatial map (ContrastiveModel).
+HEAD_INPUTS = ('pooled', 'features')
 
 
 def compute_dtype(config):
@@ -256,6 +266,12 @@ def create_model(config) -> ContrastiveModel:
   if name not in ENCODERS:
     raise ValueError(f'unknown encoder {name!r} (config.model.encoder); known: '
                      f'{", ".join(sorted(ENCODERS))}.')
+  head_input = config.model.get('head_input', 'pooled')
+  if head_input not in HEAD_INPUTS:
+    raise ValueError(f'config.model.head_input={head_input!r}; known: '
+                     f'{", ".join(HEAD_INPUTS)} (what the projection head '
+                     "reads from a spatial map: its global average, or the "
+                     'flattened map that evaluation reads).')
   dtype = compute_dtype(config)
   encoder = ENCODERS[name](**config.model.encoder_kwargs, dtype=dtype)
   head = ProjectionHead(hidden_dim=config.model.head_hidden_dim,
@@ -263,7 +279,7 @@ def create_model(config) -> ContrastiveModel:
                         num_layers=config.model.head_layers,
                         batch_norm=config.model.get('head_batch_norm', True),
                         dtype=dtype)
-  return ContrastiveModel(encoder=encoder, head=head)
+  return ContrastiveModel(encoder=encoder, head=head, head_input=head_input)
 
 
 # ---------------------------------------------------------------------------

@@ -256,3 +256,35 @@ def test_cpu_conv_leaves_other_convs_to_xla():
   assert got.shape == (1, 4, 4, 4)
   np.testing.assert_allclose(got, jax.lax.conv_general_dilated(
       x, k, (2, 2), 'SAME', dimension_numbers=dn))
+
+
+@pytest.mark.parametrize('head_input', ['pooled', 'features'])
+def test_head_input_chooses_what_the_head_reads(head_input):
+  # A one-layer head is x @ W + b, so the projection can be recomputed in
+  # numpy from the map: its spatial mean ('pooled') or the flattened map that
+  # `features` holds ('features').
+  config = ml_collections.ConfigDict({'model': {
+      'encoder': 'small_cnn', 'head_input': head_input,
+      'encoder_kwargs': {'widths': (4, 8), 'pool': 'none'},
+      'head_hidden_dim': 8, 'head_out_dim': 5, 'head_layers': 1}})
+  model = models.create_model(config)
+  x = jax.random.uniform(jax.random.key(4), (3, 28, 28, 1))
+  variables = _init(model, x.shape)
+  out = model.apply(variables, x, train=False)
+  features = np.asarray(out['features'])
+  assert features.shape == (3, 14 * 14 * 8)   # one pool between stages
+  head_in = (features.reshape(3, 14 * 14, 8).mean(axis=1)
+             if head_input == 'pooled' else features)
+  dense = variables['params']['head']['dense0']
+  expected = head_in @ np.asarray(dense['kernel']) + np.asarray(dense['bias'])
+  np.testing.assert_allclose(out['projection'], expected, rtol=1e-5,
+                             atol=1e-5)
+
+
+def test_unknown_head_input_is_an_error_naming_the_choices():
+  config = ml_collections.ConfigDict({'model': {
+      'encoder': 'small_cnn', 'head_input': 'flat',
+      'encoder_kwargs': {'widths': (4, 8), 'pool': 'none'},
+      'head_hidden_dim': 8, 'head_out_dim': 5, 'head_layers': 1}})
+  with pytest.raises(ValueError, match="head_input='flat'.*pooled, features"):
+    models.create_model(config)
