@@ -4,6 +4,8 @@ Run from the repository root:
 
     PYTHONPATH=. .venv/bin/python benchmarks/train_step.py          # table
     PYTHONPATH=. .venv/bin/python benchmarks/train_step.py --profile
+    PYTHONPATH=. .venv/bin/python benchmarks/train_step.py \
+        --xla_flags=--xla_cpu_use_thunk_runtime=false   # an XLA flag's A/B
 
 What is measured. Every row runs in a fresh subprocess, because the number of
 virtual CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=N) must
@@ -72,7 +74,11 @@ values to 4e-5), each conv's forward + backward at 1,024 images against the
 shipped conv on 2026-11-25 (study running): conv0 1046 vs 271 ms, conv1 716
 vs 527, conv2 484 vs 448, conv3 320 vs 214; its forward alone conv1 299 vs
 199, conv2 175 vs 172: at these channel counts the transforms' memory
-traffic costs more than the multiplies saved. Earlier: oneDNN (`--xla_cpu_use_onednn`,
+traffic costs more than the multiplies saved. XLA:CPU flags, `--xla_flags`
+A/B (2 devices, 3 rounds, the study running niced beside it, load ~9):
+`--xla_cpu_use_thunk_runtime=false` median 1.16x but rounds 0.92-1.17x,
+`--xla_cpu_enable_concurrency_optimized_scheduler=true` 0.99x (0.97-1.14),
+`--xla_cpu_use_fusion_emitters=false` 0.95x (0.87-1.11): noise. Earlier: oneDNN (`--xla_cpu_use_onednn`,
 `--xla_cpu_experimental_onednn_custom_call`: no custom call is emitted) and
 YNNPACK fusion types (`--xla_cpu_experimental_ynn_fusion_type`), no change.
 """
@@ -96,9 +102,9 @@ ROWS = [
 ]
 
 
-def _worker_setup(devices: int):
+def _worker_setup(devices: int, xla_flags: str = ''):
   os.environ['XLA_FLAGS'] = (
-      f'--xla_force_host_platform_device_count={devices}')
+      f'--xla_force_host_platform_device_count={devices} {xla_flags}').strip()
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   sys.path.insert(0, ROOT)
 
@@ -162,9 +168,9 @@ def run_peak() -> dict:
 
 
 def run_step(model: str, devices: int, batch: int, steps: int,
-             num_views: int = 2) -> dict:
+             num_views: int = 2, xla_flags: str = '') -> dict:
   """Times the configured train step; see the module docstring."""
-  _worker_setup(devices)
+  _worker_setup(devices, xla_flags)
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
@@ -404,6 +410,27 @@ def compare_with_peer(args) -> None:
         f'of the measured matmul peak ({peak:.0f} GFLOP/s, 2048^3 float32)')
 
 
+def compare_xla_flags(args) -> None:
+  """The default step as shipped and with `--xla_flags`, alternated."""
+  batch = 512
+  print(f'\nDefault step, batch {batch} x 2 views, {args.peer_devices} CPU '
+        f'devices: as shipped vs XLA_FLAGS += {args.xla_flags!r}, '
+        f'alternated, {args.steps} timed steps each')
+  print(f'{"round":<8}{"shipped img/s":>15}{"flags img/s":>13}{"ratio":>8}')
+  rates = {'': [], args.xla_flags: []}
+  for r in range(args.rounds):
+    for flags, got in rates.items():
+      res = _subprocess(['--job', json.dumps(
+          {'kind': 'step', 'model': 'default', 'devices': args.peer_devices,
+           'batch': batch, 'steps': args.steps, 'xla_flags': flags})])
+      got.append(batch / res['step_s'])
+    base, new = rates[''], rates[args.xla_flags]
+    print(f'{r + 1:<8}{base[-1]:>15.0f}{new[-1]:>13.0f}'
+          f'{new[-1] / base[-1]:>7.2f}x', flush=True)
+  b, n = statistics.median(base), statistics.median(new)
+  print(f'{"median":<8}{b:>15.0f}{n:>13.0f}{n / b:>7.2f}x')
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--steps', type=int, default=5,
@@ -420,6 +447,10 @@ def main():
                       help='alternations of ours and the peer (--peer)')
   parser.add_argument('--torch_python', default=TORCH_PYTHON,
                       help='an interpreter with torch 2.13 (--peer)')
+  parser.add_argument('--xla_flags', default='',
+                      help='only the default step as shipped vs with these '
+                      'XLA flags added, alternated --rounds times on '
+                      '--peer_devices devices')
   parser.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
   parser.add_argument('--job', default='', help=argparse.SUPPRESS)
   args = parser.parse_args()
@@ -433,6 +464,10 @@ def main():
 
   print(f'load average before: {os.getloadavg()} on {os.cpu_count()} CPUs '
         '(shared machine: other jobs compete for the cores)')
+  if args.xla_flags:
+    compare_xla_flags(args)
+    print(f'\nload average after: {os.getloadavg()}')
+    return
   if args.peer:
     compare_with_peer(args)
     print(f'\nload average after: {os.getloadavg()}')
