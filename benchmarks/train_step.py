@@ -5,7 +5,7 @@ Run from the repository root:
     PYTHONPATH=. .venv/bin/python benchmarks/train_step.py          # table
     PYTHONPATH=. .venv/bin/python benchmarks/train_step.py --profile
     PYTHONPATH=. .venv/bin/python benchmarks/train_step.py \
-        --xla_flags=--xla_cpu_use_thunk_runtime=false   # an XLA flag's A/B
+        --xla_flags=--xla_cpu_use_fusion_emitters=false   # an XLA flag's A/B
 
 What is measured. Every row runs in a fresh subprocess, because the number of
 virtual CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=N) must
@@ -76,7 +76,9 @@ vs 527, conv2 484 vs 448, conv3 320 vs 214; its forward alone conv1 299 vs
 199, conv2 175 vs 172: at these channel counts the transforms' memory
 traffic costs more than the multiplies saved. XLA:CPU flags, `--xla_flags`
 A/B (2 devices, 3 rounds, the study running niced beside it, load ~9):
-`--xla_cpu_use_thunk_runtime=false` median 1.16x but rounds 0.92-1.17x,
+`--xla_cpu_use_thunk_runtime=false` median 1.16x but rounds 0.92-1.17x
+(and a no-op: jaxlib 0.10.2 keeps the flag only to say it is "no longer
+supported", so this row is the noise of the day),
 `--xla_cpu_enable_concurrency_optimized_scheduler=true` 0.99x (0.97-1.14),
 `--xla_cpu_use_fusion_emitters=false` 0.95x (0.87-1.11): noise. Earlier: oneDNN (`--xla_cpu_use_onednn`,
 `--xla_cpu_experimental_onednn_custom_call`: no custom call is emitted) and
