@@ -60,7 +60,10 @@ reads, crop scale, batch), each
 trained on the default job's number of images and scored on the validation
 split only, one seed; REPORT.md's recipe table, next to the random-init and
 raw-pixel baselines on validation, is what configs/default.py's choice is
-made from. The test split plays no part in it.
+made from. The test split plays no part in it. Choosing it may change
+configs/default.py, which every method config inherits; the study then keeps
+its own protocol through `PINNED` (passed to every run, not part of a run's
+identity), so its runs before and after the change are alike.
 
 Budget: EPOCHS = 2 (390 steps of batch 256). Measured on this machine: a
 SimCLR epoch takes ~80 s of training on an idle machine (630 images/s) and
@@ -162,6 +165,14 @@ RECIPES = [
      'batch 64, peak lr 2e-3'),
 ]
 
+# The study's values of settings that configs/default.py may change later
+# (the default job's recipe is chosen on validation, RECIPES, and every method
+# config inherits default.py): passed to every run whose own overrides do not
+# set them, so runs before and after such a change train alike. Not part of
+# a run's identity (`Run.args`, what `is_done` and the workdir name compare):
+# every run finished before these pins existed used exactly these values.
+PINNED = {'model.head_input': 'pooled', 'optimizer.base_learning_rate': 1e-3}
+
 COMMON = {
     'dataset.validation_size': VALIDATION_SIZE,
     'eval.split': 'test',
@@ -203,6 +214,12 @@ class Run:
   def args(self) -> list[str]:
     return [f'--config=configs/{self.config}.py'] + [
         f'--config.{k}={_flag_value(v)}' for k, v in self.overrides]
+
+  def command_args(self) -> list[str]:
+    """`args()` plus the study's PINNED values the run does not override."""
+    own = {k for k, _ in self.overrides}
+    return self.args() + [f'--config.{k}={_flag_value(v)}'
+                          for k, v in sorted(PINNED.items()) if k not in own]
 
   @property
   def fingerprint(self) -> str:
@@ -367,7 +384,8 @@ def execute(run: Run, results_dir: str, work_root: str, *,
   # No `nice` here: the study is launched under `nice -n 19` (module doc)
   # and its main.py inherits that; --quick (the tests) runs at the caller's
   # priority, so it is not starved by the test workers it runs beside.
-  cmd = [sys.executable, 'main.py', f'--workdir={workdir}'] + run.args()
+  cmd = ([sys.executable, 'main.py', f'--workdir={workdir}']
+         + run.command_args())
   env = dict(os.environ, XLA_FLAGS=XLA_FLAGS, TF_CPP_MIN_LOG_LEVEL='2')
   log(f'[{time.strftime("%H:%M:%S")}] {run.run_id}: {" ".join(cmd[1:])}')
   t0 = time.time()
@@ -842,7 +860,7 @@ def expected_paragraph(config: str, records: list[dict],
   lines.append('holdout leaves (8 virtual CPU devices):')
   cmd = ['  XLA_FLAGS=--xla_force_host_platform_device_count=8 \\',
          f'    python main.py {first.args()[0]}']
-  for a in [f'--workdir=workdir/{first.run_id}'] + first.args()[1:]:
+  for a in [f'--workdir=workdir/{first.run_id}'] + first.command_args()[1:]:
     if len(cmd[-1]) + len(a) + 3 > 79:
       cmd[-1] += ' \\'
       cmd.append('    ' + a)
@@ -948,7 +966,7 @@ def main(argv=None) -> int:
   if args.plan:
     for run in runs:
       state = 'done' if is_done(results_dir, run) else 'todo'
-      print(f'{state}  {run.run_id:<36} {" ".join(run.args())}')
+      print(f'{state}  {run.run_id:<36} {" ".join(run.command_args())}')
     return 0
   if not args.report:
     executed = 0

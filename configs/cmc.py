@@ -17,7 +17,9 @@ holdout leaves (8 virtual CPU devices):
     --config.batch_size=256 --config.checkpoint_every_steps=100 \
     --config.dataset.validation_size=10000 --config.eval.baselines=False \
     --config.eval.split=test --config.num_epochs=2.002564 \
-    --config.online.knn_every_steps=0 --config.seed=0
+    --config.online.knn_every_steps=0 --config.seed=0 \
+    --config.model.head_input=pooled \
+    --config.optimizer.base_learning_rate=0.001
 Written by `python -m benchmarks.reproduce --update_configs`.
 
 Paper: tau = 0.07, full graph over views (eq. 8), memory-bank negatives

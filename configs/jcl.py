@@ -17,7 +17,9 @@ holdout leaves (8 virtual CPU devices):
     --config.checkpoint_every_steps=100 \
     --config.dataset.validation_size=10000 --config.eval.baselines=False \
     --config.eval.split=test --config.num_epochs=2.002564 \
-    --config.online.knn_every_steps=0 --config.seed=0
+    --config.online.knn_every_steps=0 --config.seed=0 \
+    --config.model.head_input=pooled \
+    --config.optimizer.base_learning_rate=0.001
 Written by `python -m benchmarks.reproduce --update_configs`.
 
 Paper/code (notes/jcl.md Sec. 0): tau = 0.2, 1 query crop + M' = 4 key crops

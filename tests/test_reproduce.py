@@ -79,6 +79,49 @@ def test_every_run_has_the_same_protocol_and_steps():
              pytest.approx(1e-3) for r in b64)
 
 
+def _parse_flags(args: list[str]):
+  """The config main.py would build from these command-line arguments."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  argv = ['main.py'] + args
+  values = flags.FlagValues()
+  # sys_argv: the overrides are read from this argv, not the test runner's.
+  config_flags.DEFINE_config_file('config', flag_values=values,
+                                  sys_argv=argv)
+  values(argv)
+  return values.config
+
+
+def test_pinned_settings_survive_a_change_of_the_default(tmp_path):
+  # A configs/default.py whose recipe changed after the study began (the
+  # head reading the map, peak lr 3e-3): every run still trains with the
+  # study's values, unless the run itself sets the key.
+  changed = tmp_path / 'changed_default.py'
+  changed.write_text(
+      'from configs import default\n'
+      'def get_config():\n'
+      '  config = default.get_config()\n'
+      "  config.model.head_input = 'features'\n"
+      '  config.optimizer.base_learning_rate = 3e-3\n'
+      '  return config\n')
+  runs = {r.run_id: r for r in reproduce.plan()}
+  for run_id, head_input, lr in [
+      ('regular__ntxent_t0.1__s2', 'pooled', 1e-3),
+      ('batch64__ntxent_t0.1__s2', 'pooled', 4e-3),     # its own lr
+      ('recipe__default__s0', 'pooled', 1e-3),
+      ('recipe__head_features__s0', 'features', 1e-3),  # its own head
+      ('recipe__lr3e-3__s0', 'pooled', 3e-3)]:
+    run = runs[run_id]
+    assert run.config == 'default'
+    args = run.command_args()
+    assert args[0] == '--config=configs/default.py'
+    config = _parse_flags([f'--config={changed}'] + args[1:])
+    assert config.model.head_input == head_input, run_id
+    assert config.optimizer.base_learning_rate == pytest.approx(lr), run_id
+    # The pins are not part of the run's identity (finished runs stay done).
+    assert not any('head_input=pooled' in a for a in run.args())
+
+
 def test_train_examples_follow_cacr_rules():
   assert reproduce.train_examples('none') == 50_000
   assert reproduce.train_examples('linear') == 27_500
@@ -92,7 +135,9 @@ def test_every_study_config_passes_validation():
     if r.seed:
       continue
     config = importlib.import_module(f'configs.{r.config}').get_config()
-    for key, value in r.overrides:
+    pins = {k: v for k, v in reproduce.PINNED.items()
+            if k not in dict(r.overrides)}
+    for key, value in list(r.overrides) + list(pins.items()):
       node = config
       *path, leaf = key.split('.')
       for p in path:
@@ -276,10 +321,11 @@ def test_update_configs_writes_the_studys_figures(tmp_path):
   head, tail = originals['simclr'].split('Expected: not measured yet', 1)
   assert text.startswith(head)
   assert text.endswith(tail[tail.index('\n\n'):])
-  # The command in it is seed 0's, the study's own arguments.
+  # The command in it is seed 0's, the study's own arguments and its pins.
   cmd = ' '.join(text.split('--workdir=workdir/regular__simclr__s0', 1)[1]
                  .split('Written by')[0].replace('\\', ' ').split())
-  assert cmd == ' '.join(by_id['regular__simclr__s0'].args()[1:])
+  assert cmd == ' '.join(by_id['regular__simclr__s0'].command_args()[1:])
+  assert '--config.model.head_input=pooled' in cmd
   # The rewritten file is still the config, and a rerun changes nothing.
   namespace = {}
   exec(compile(text, 'simclr.py', 'exec'), namespace)  # pylint: disable=exec-used
