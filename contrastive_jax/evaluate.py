@@ -47,11 +47,15 @@ class Features(NamedTuple):
   """Features of a whole split as global arrays sharded by rows over the mesh.
 
   No process holds them all on a multi-host mesh; rows whose `mask` is False
-  are padding (the padded tail of the last eval batch).
+  are padding (the padded tail of the last eval batch). The rows are the
+  split's in the order the devices hold them (`_stack_rows`), not the
+  split's own: `index` says which example each row is. The kNN and the probe
+  do not depend on the order; `first_rows` restores it.
   """
   x: jax.Array      # [M_pad, F] float32
   label: jax.Array  # [M_pad] int32
   mask: jax.Array   # [M_pad] bool
+  index: jax.Array  # [M_pad] int32, the row's position in the split
 
 
 def make_feature_fn(model, mesh):
@@ -74,8 +78,23 @@ def make_feature_fn(model, mesh):
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _concat(sharding, *parts):
-  return jax.lax.with_sharding_constraint(jnp.concatenate(parts), sharding)
+def _stack_rows(sharding, xs, labels, masks) -> Features:
+  """The batches of a split as one Features, without moving a row.
+
+  Batch i [B, ...] is sharded by rows over the mesh; stacking the batches on
+  axis 1 ([B, n, ...]) and merging the two axes keeps every row on the device
+  (and host) that computed it, where concatenating the batches in the split's
+  order would send most rows to another device: on a pod, the whole feature
+  matrix across hosts. Row b * n + i holds example i * B + b (`index`).
+  """
+  b, n = xs[0].shape[0], len(xs)
+  merge = lambda parts: jax.lax.with_sharding_constraint(
+      jnp.stack(parts, axis=1).reshape((b * n,) + parts[0].shape[1:]),
+      sharding)
+  index = jnp.arange(n)[None, :] * b + jnp.arange(b)[:, None]
+  return Features(merge(xs), merge(labels), merge(masks),
+                  jax.lax.with_sharding_constraint(
+                      index.reshape(-1).astype(jnp.int32), sharding))
 
 
 def num_batches(source, batch_size: int) -> int:
@@ -98,18 +117,23 @@ def extract_features(feature_fn, variables, source, mesh, batch_size: int,
     labels.append(batch['label'])
     masks.append(batch['mask'])
     bar.update(1)
-  return Features(_concat(rows, *xs), _concat(rows, *labels),
-                  _concat(rows, *masks))
+  return _stack_rows(rows, tuple(xs), tuple(labels), tuple(masks))
 
 
 def first_rows(features: Features, n: int) -> tuple[np.ndarray, np.ndarray]:
-  """The first `n` real rows (x [n, F], labels [n]) on every host, as numpy.
+  """The split's first `n` real examples (x [n, F], labels [n]) in its own
+  order, on every host, as numpy.
 
-  The rows are replicated by a jitted slice first, so this works when no
-  process holds the whole sharded array (multi-host).
+  The rows are picked by `index` and replicated by a jitted gather first, so
+  this works when no process holds the whole sharded array (multi-host).
   """
   n = min(n, features.x.shape[0])
-  take = jax.jit(lambda f: (f.x[:n], f.label[:n], f.mask[:n]),
+
+  def rows(f):
+    take = jnp.argsort(f.index)[:n]
+    return f.x[take], f.label[take], f.mask[take]
+
+  take = jax.jit(rows,
                  out_shardings=NamedSharding(features.x.sharding.mesh, P()))
   x, label, mask = jax.device_get(take(features))
   return x[mask], label[mask]

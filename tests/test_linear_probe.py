@@ -144,6 +144,28 @@ def test_lbfgs_in_chunks_follows_one_plain_loop_and_reports_progress():
                                       rel=1e-5)
 
 
+def test_sharded_features_compile_the_chunks_once():
+  """On the evaluation's mesh (features sharded by rows, as evaluate.py
+  holds them) the chunks share one compilation too: the first chunk's carry
+  is placed as the chunks return it (replicated on the mesh); an unplaced
+  one compiled the loop twice per feature width."""
+  import jax
+  from contrastive_jax import runtime
+  mesh = runtime.create_mesh()
+  assert mesh.size == 8
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+  x, y = gaussian_mixture(2, 512)
+  sharded = [jax.device_put(a, rows) for a in (x, y, x[:64], y[:64])]
+  linear_probe._lbfgs_until.clear_cache()
+  got = linear_probe.logistic_regression(*sharded, num_classes=8, l2=1e-3,
+                                         max_iter=20, tol=0.)
+  assert got['num_iter'] == 20           # ten chunks of two iterations ran
+  assert linear_probe._lbfgs_until._cache_size() == 1
+  want = linear_probe.logistic_regression(x, y, x[:64], y[:64], num_classes=8,
+                                          l2=1e-3, max_iter=20, tol=0.)
+  assert abs(got['loss'] - want['loss']) <= 1e-5 * abs(want['loss'])
+
+
 def test_preconditioning_reaches_the_optimum_in_fewer_iterations():
   """On anisotropic, uncentred features (per-dimension scales over 3
   decades, like a trained encoder's spectrum; overlapping classes), 40

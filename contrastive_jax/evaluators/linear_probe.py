@@ -80,6 +80,15 @@ def _moments(x, mask, *, replicated):
   return mu, cov
 
 
+def _replicated(x) -> jax.sharding.NamedSharding | None:
+  """The replicated sharding of x's mesh; None if x is not on a mesh."""
+  sharding = getattr(x, 'sharding', None)
+  if isinstance(sharding, jax.sharding.NamedSharding):
+    return jax.sharding.NamedSharding(sharding.mesh,
+                                      jax.sharding.PartitionSpec())
+  return None
+
+
 def _preconditioner(x, mask, l2: float, *, num_classes: int):
   """(mu [D], P [D, D]): the features' mean and P = L^-T, where
   L L^T = Sigma / C + l2 I (Cholesky).
@@ -106,10 +115,7 @@ def _preconditioner(x, mask, l2: float, *, num_classes: int):
   error) well conditioned. Every process computes the same P from the same
   replicated Sigma.
   """
-  sharding = getattr(x, 'sharding', None)
-  replicated = (jax.sharding.NamedSharding(sharding.mesh,
-                                           jax.sharding.PartitionSpec())
-                if isinstance(sharding, jax.sharding.NamedSharding) else None)
+  replicated = _replicated(x)
   mu, cov = _moments(x, mask, replicated=replicated)
   d = cov.shape[0]
   chol = np.linalg.cholesky(np.asarray(cov, np.float64) / num_classes
@@ -205,9 +211,12 @@ def _fit_logistic(x, y, mask, l2, tol, *, num_classes, max_iter,
   params = {'w': jnp.zeros((num_classes, d), jnp.float32),   # U_w^T
             'b': jnp.zeros((num_classes,), jnp.float32)}
   # optax's initial state holds weakly typed scalars, which one iteration
-  # turns strong: made strong here, every chunk shares one compilation.
+  # turns strong, and a chunk returns its carry replicated on x's mesh: made
+  # strong and placed so here, every chunk shares one compilation.
   carry = jax.tree.map(lambda a: a.astype(a.dtype),
                        (params, optax.lbfgs().init(params)))
+  if _replicated(x) is not None:
+    carry = jax.device_put(carry, _replicated(x))
   chunk = max(1, -(-max_iter // 10))
   for until in range(chunk, max_iter + chunk, chunk):
     until = min(until, max_iter)
