@@ -54,16 +54,16 @@ papers' as notes/*.md give them):
   L-BFGS logistic regression). Baselines (raw pixels, random init) are off in
   the method runs and computed once per seed by their own run.
 
-The default recipe (`RECIPES`, after seed 1's runs): configs/default.py
-with a few candidate overrides (temperature, learning rate, what the head
-reads, crop scale, batch), each
-trained on the default job's number of images and scored on the validation
-split only, one seed; REPORT.md's recipe table, next to the random-init and
-raw-pixel baselines on validation, is what configs/default.py's choice is
-made from. The test split plays no part in it. Choosing it may change
-configs/default.py, which every method config inherits; the study then keeps
-its own protocol through `PINNED` (passed to every run, not part of a run's
-identity), so its runs before and after the change are alike.
+The default recipe (`RECIPES`, after seed 1's runs): configs/default.py with
+a few candidate overrides (temperature, learning rate, what the head reads,
+crop scale, batch), each trained on the default job's number of images and
+scored on the validation split only, one seed; REPORT.md's recipe table,
+next to the random-init and raw-pixel baselines on validation, is what
+configs/default.py's choice is made from. The test split plays no part in
+it. Choosing it may change configs/default.py, which every method config
+inherits; the study then keeps its own protocol through `PINNED` (passed to
+every run, not part of a run's identity), so its runs before and after the
+change are alike.
 
 Budget: EPOCHS = 2 (390 steps of batch 256). Measured on this machine: a
 SimCLR epoch takes ~80 s of training on an idle machine (630 images/s) and
