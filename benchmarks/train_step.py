@@ -80,7 +80,8 @@ A/B (2 devices, 3 rounds, the study running niced beside it, load ~9):
 (and a no-op: jaxlib 0.10.2 keeps the flag only to say it is "no longer
 supported", so this row is the noise of the day),
 `--xla_cpu_enable_concurrency_optimized_scheduler=true` 0.99x (0.97-1.14),
-`--xla_cpu_use_fusion_emitters=false` 0.95x (0.87-1.11): noise. Earlier: oneDNN (`--xla_cpu_use_onednn`,
+`--xla_cpu_use_fusion_emitters=false` 0.95x (0.87-1.11): noise. Earlier:
+oneDNN (`--xla_cpu_use_onednn`,
 `--xla_cpu_experimental_onednn_custom_call`: no custom call is emitted) and
 YNNPACK fusion types (`--xla_cpu_experimental_ynn_fusion_type`), no change.
 """

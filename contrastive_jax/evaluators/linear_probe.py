@@ -215,8 +215,8 @@ def _fit_logistic(x, y, mask, l2, tol, *, num_classes, max_iter,
   # strong and placed so here, every chunk shares one compilation.
   carry = jax.tree.map(lambda a: a.astype(a.dtype),
                        (params, optax.lbfgs().init(params)))
-  if _replicated(x) is not None:
-    carry = jax.device_put(carry, _replicated(x))
+  if (replicated := _replicated(x)) is not None:
+    carry = jax.device_put(carry, replicated)
   chunk = max(1, -(-max_iter // 10))
   for until in range(chunk, max_iter + chunk, chunk):
     until = min(until, max_iter)
