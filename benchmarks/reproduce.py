@@ -163,6 +163,16 @@ RECIPES = [
      'batch 64 (4x the steps), peak lr 1e-3'),
     ('batch64_lr2e-3', {'batch_size': 64, 'optimizer.base_learning_rate': 8e-3},
      'batch 64, peak lr 2e-3'),
+    # The best linear (head_features) with the best kNN (batch 64): what the
+    # loss sees and how many updates it gets, two different directions.
+    ('head_features_batch64_lr2e-3',
+     {'model.head_input': 'features', 'batch_size': 64,
+      'optimizer.base_learning_rate': 8e-3},
+     'head_features and batch64_lr2e-3 together'),
+    ('head_features_batch64',
+     {'model.head_input': 'features', 'batch_size': 64,
+      'optimizer.base_learning_rate': 4e-3},
+     'head_features and batch64 (peak lr 1e-3) together'),
 ]
 
 # The study's values of settings that configs/default.py may change later
