@@ -462,9 +462,9 @@ def _train_step_views_per_s(iters: int) -> float:
   import jax  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from configs import default  # pylint: disable=g-import-not-at-top
+  from configs import base  # pylint: disable=g-import-not-at-top
   from contrastive_jax import train  # pylint: disable=g-import-not-at-top
-  config = default.get_config()
+  config = base.get_config()
   mesh = train.create_mesh()
   setup = train.build(config, mesh, total_steps=1000, steps_per_epoch=117,
                       num_examples=60_000, image_shape=(28, 28, 1))
@@ -685,7 +685,7 @@ def main():
       out.append('\n4. Small images: Fashion-MNIST 28x28x1, batch 512, 2 '
                  'views (views/s; x = over what the default train step '
                  'consumes)')
-      out.append(f'   {"default train step (configs/default.py)":<52}'
+      out.append(f'   {"default train step (configs/base.py)":<52}'
                  f'{consume:>10,.0f}  consumed')
       for name, rate in rows:
         out.append(f'   {name:<52}{rate:>10,.0f}{rate / consume:>8.1f}x')

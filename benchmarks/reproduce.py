@@ -54,16 +54,18 @@ papers' as notes/*.md give them):
   L-BFGS logistic regression). Baselines (raw pixels, random init) are off in
   the method runs and computed once per seed by their own run.
 
-The default recipe (`RECIPES`, after seed 1's runs): configs/default.py with
-a few candidate overrides (temperature, learning rate, what the head reads,
-crop scale, batch), each trained on the default job's number of images and
-scored on the validation split only, one seed; REPORT.md's recipe table,
-next to the random-init and raw-pixel baselines on validation, is what
-configs/default.py's choice is made from. The test split plays no part in
-it. Choosing it may change configs/default.py, which every method config
-inherits; the study then keeps its own protocol through `PINNED` (passed to
-every run, not part of a run's identity), so its runs before and after the
-change are alike.
+The default recipe (`RECIPES`, after seed 1's runs): configs/base.py (the
+default job before the search) with a few candidate overrides (temperature,
+learning rate, what the head reads, crop scale, batch), each trained on the
+default job's number of images and scored on the validation split only, one
+seed; REPORT.md's recipe table, next to the random-init and raw-pixel
+baselines on validation, is what configs/default.py's choice is made from.
+The test split plays no part in it. The method configs build on
+configs/base.py, which the choice leaves alone; the study's own rows of
+NT-Xent tau 0.1, its baselines and its recipe candidates name
+configs/default.py (their identity predates the choice), and `PINNED`
+(passed to those runs, not part of a run's identity) makes them train
+base.py's protocol, before and after the choice alike.
 
 Budget: EPOCHS = 2 (390 steps of batch 256). Measured on this machine: a
 SimCLR epoch takes ~80 s of training on an idle machine (630 images/s) and
@@ -115,7 +117,7 @@ XLA_FLAGS = ('--xla_force_host_platform_device_count=8 '
 # the regular data; the names are the report's row labels.
 METHODS = [
     ('simclr', 'simclr', {}, 'SimCLR, NT-Xent tau 0.2'),
-    ('ntxent_t0.1', 'default', {}, 'NT-Xent tau 0.1 (configs/default.py)'),
+    ('ntxent_t0.1', 'default', {}, 'NT-Xent tau 0.1 (configs/base.py)'),
     ('moco_v2', 'moco_v2', {}, 'MoCo v2 (queue 4096, m 0.99)'),
     ('insdis', 'insdis', {}, 'InsDis (memory bank, 1024 noise/instance)'),
     ('cmc_k4', 'cmc', {}, 'CMC, 4 views, full graph'),
@@ -138,15 +140,16 @@ VARIANTS = ('regular', 'linear', 'exponential', 'batch64')
 
 # The default recipe, chosen on the validation split (issue: the default was
 # chosen on the test split, and its trained encoder beats the random one by
-# only ~1 kNN point). Each candidate is configs/default.py with these
+# only ~1 kNN point). Each candidate is configs/base.py with these
 # overrides, trained on the same number of images as the default job (936
 # steps of 256 = 239,616) on the 50,000 left by the holdout, scored on the
 # 10,000 validation images, seed 0. (name, overrides, what it tests)
 RECIPE_IMAGES = 936 * 256
 RECIPES = [
     ('default', {'eval.baselines': True},
-     'configs/default.py as it is (tau 0.1, batch 256, peak lr 1e-3); with '
-     'the raw-pixel and random-init baselines on validation'),
+     'configs/base.py, the default job before this search (tau 0.1, batch '
+     '256, peak lr 1e-3, the head reading the pooled map); with the '
+     'raw-pixel and random-init baselines on validation'),
     ('tau0.2', {'loss_kwargs.temperature': 0.2}, 'temperature 0.2'),
     ('lr3e-3', {'optimizer.base_learning_rate': 3e-3}, 'peak lr 3e-3'),
     ('head_features', {'model.head_input': 'features'},
@@ -175,12 +178,13 @@ RECIPES = [
      'head_features and batch64 (peak lr 1e-3) together'),
 ]
 
-# The study's values of settings that configs/default.py may change later
-# (the default job's recipe is chosen on validation, RECIPES, and every method
-# config inherits default.py): passed to every run whose own overrides do not
-# set them, so runs before and after such a change train alike. Not part of
-# a run's identity (`Run.args`, what `is_done` and the workdir name compare):
-# every run finished before these pins existed used exactly these values.
+# configs/base.py's values of the settings configs/default.py's recipe
+# changes or its candidates changed (the batch size is COMMON's): passed to
+# every run naming configs/default.py whose own overrides do not set them, so
+# that they train base.py's protocol (tests/test_reproduce.py), before and
+# after the recipe changed. Not part of a run's identity (`Run.args`, what
+# `is_done` and the workdir name compare): every run finished before these
+# pins existed used exactly these values.
 PINNED = {'model.head_input': 'pooled', 'optimizer.base_learning_rate': 1e-3}
 
 COMMON = {
@@ -226,7 +230,11 @@ class Run:
         f'--config.{k}={_flag_value(v)}' for k, v in self.overrides]
 
   def command_args(self) -> list[str]:
-    """`args()` plus the study's PINNED values the run does not override."""
+    """What main.py runs: `args()`, and for a run naming configs/default.py
+    the PINNED values it does not override (the method configs build on
+    configs/base.py and need none)."""
+    if self.config != 'default':
+      return self.args()
     own = {k for k, _ in self.overrides}
     return self.args() + [f'--config.{k}={_flag_value(v)}'
                           for k, v in sorted(PINNED.items()) if k not in own]
@@ -744,7 +752,7 @@ def _recipe_lines(records: list[dict], runs: Sequence[Run]) -> list[str]:
   acc = lambda r, m, rep='trained': (f'{_acc(r, m, rep):.2f}' if r and
                                      _acc(r, m, rep) is not None else '-')
   lines = ['', '## The default recipe, chosen on the validation split', '',
-           f'configs/default.py with each row\'s overrides, {RECIPE_IMAGES:,}'
+           f'configs/base.py with each row\'s overrides, {RECIPE_IMAGES:,}'
            ' training images (the default job\'s 936 steps of 256) from the '
            '50,000 left by the holdout, scored on the 10,000 validation '
            'images (%), seed 0. The test split plays no part in the choice.',
@@ -819,8 +827,13 @@ def _plot(c: dict, runs: Sequence[Run], path: str) -> None:
 # --------------------------------------------------------------------------
 
 CONFIGS_DIR = os.path.join(ROOT, 'configs')
+# The study's NT-Xent tau 0.1 rows (and the baselines and recipes) name
+# configs/default.py, their identity predating the validation search; with
+# the pins they train configs/base.py (tests/test_reproduce.py), and their
+# figures go into base.py's docstring, its command naming base.py.
+_DOCUMENTED_IN = {'default': 'base'}
 # A config's paragraph is rewritten only if it is the placeholder or one this
-# function wrote (configs/default.py's own measured paragraph is kept).
+# function wrote (a measured paragraph of the config's own is kept).
 _REWRITABLE = ('Expected: not measured yet', 'Expected: UNMEASURED',
                'Expected, from the study')
 # The placeholder's own text ends here; anything after it in its paragraph
@@ -833,7 +846,7 @@ _VARIANT_TEXT = {'regular': 'regular data', 'linear': 'linear-imbalanced',
 
 def expected_paragraph(config: str, records: list[dict],
                        runs: Sequence[Run]) -> str | None:
-  """configs/<config>.py's "Expected" paragraph from the study's results.
+  """The "Expected" paragraph of configs/<config>.py's runs from the study.
 
   One line per (variant, method) the study runs this config in, mean +- std
   over the finished seeds (`Cell`, as in REPORT.md), and the command of the
@@ -858,19 +871,21 @@ def expected_paragraph(config: str, records: list[dict],
            'and steps x batch size:']
   pm = lambda cell: (f'{cell.mean:.2f} +- {cell.std:.2f}' if cell.n > 1
                      else f'{cell.mean:.2f}')
+  several = len({m for _, m in done}) > 1    # Name the rows' methods.
   for variant, method in done:
     knn, lin = c[(variant, method, 'knn')], c[(variant, method, 'linear')]
-    label = _VARIANT_TEXT[variant] + (
-        f' ({method})' if method != config else '')
+    label = _VARIANT_TEXT[variant] + (f' ({method})' if several else '')
     n_steps, batch = steps[(variant, method)]
     lines.append(f'  {label:<22} kNN {pm(knn):<13} linear {pm(lin):<13} '
                  f'n={knn.n}, {n_steps}x{batch}')
   lines.append('Seed 0 of the first line, on the 50,000 training images the '
                'validation')
   lines.append('holdout leaves (8 virtual CPU devices):')
+  doc = _DOCUMENTED_IN.get(config, config)
   cmd = ['  XLA_FLAGS=--xla_force_host_platform_device_count=8 \\',
-         f'    python main.py {first.args()[0]}']
-  for a in [f'--workdir=workdir/{first.run_id}'] + first.command_args()[1:]:
+         f'    python main.py --config=configs/{doc}.py']
+  # base.py needs no pins: they are its values (`_DOCUMENTED_IN`).
+  for a in [f'--workdir=workdir/{first.run_id}'] + first.args()[1:]:
     if len(cmd[-1]) + len(a) + 3 > 79:
       cmd[-1] += ' \\'
       cmd.append('    ' + a)
@@ -894,7 +909,8 @@ def update_configs(records: list[dict], runs: Sequence[Run],
   changed = []
   for config in sorted({r.config for r in runs}):
     para = expected_paragraph(config, records, runs)
-    path = os.path.join(configs_dir, f'{config}.py')
+    path = os.path.join(configs_dir,
+                        f'{_DOCUMENTED_IN.get(config, config)}.py')
     if para is None or not os.path.exists(path):
       continue
     with open(path) as f:

@@ -19,11 +19,11 @@ Sections (each row runs in a fresh subprocess, as in benchmarks/train_step.py,
 so that the device count can be set before jax is imported and peak memory
 does not leak between rows):
 
-* step: the default job's train step (configs/default.py: SmallCNN, NT-Xent,
+* step: the default train step (configs/base.py: SmallCNN, NT-Xent,
   AdamW, the online probe) on 8 virtual CPU devices, built and timed by
   `benchmarks/train_step.py`'s `run_step` (median of 3 steps after 2 warm-up
   steps, on fixed random views) against the batch (instances, 2 views) and
-  the number of views (at batch 256, the default job's). 3 rounds over all
+  the number of views (at batch 256, configs/base.py's). 3 rounds over all
   points in alternating order, each point keeping the median of its rounds
   (`_step_rounds`: the load comes in bursts as long as a row). Expected:
   exponent 1 in both, because the convolutions, linear in the number of

@@ -96,7 +96,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# (label, model, devices, batch instances). Defaults are configs/default.py.
+# (label, model, devices, batch instances). 'default' is the step of
+# configs/base.py, the one torch_default_step.py mirrors (its head reads the
+# pooled map; configs/default.py's recipe feeds the head the flattened map,
+# a 2304 x 512 first head layer instead of 256 x 512, at batch 64).
 ROWS = [
     ('default', 'default', 1, 512),
     ('default', 'default', 8, 512),
@@ -130,8 +133,8 @@ def _timed(fn, *args, steps: int) -> list[float]:
 
 
 def _config(model: str, batch: int, num_views: int = 2):
-  from configs import default  # pylint: disable=g-import-not-at-top
-  config = default.get_config()
+  from configs import base  # pylint: disable=g-import-not-at-top
+  config = base.get_config()
   config.batch_size = batch
   config.augment.num_views = num_views
   if model == 'resnet18':

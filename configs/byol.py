@@ -15,17 +15,17 @@ network with tau rising from 0.996 to 1 on a cosine schedule; the loss is
 batch 4096, 1000 epochs, the asymmetric 'byol' augmentation (blur 1.0 / 0.1,
 solarize 0 / 0.2). Here: tau 0.99 (a few epochs, not 1000; BYOL Table 5 shows
 smaller tau suits shorter schedules), predictor 512 hidden -> 128, the 'fmnist'
-augmentation, and everything else as configs/default.py (the small CNN, AdamW,
+augmentation, and everything else as configs/base.py (the small CNN, AdamW,
 batch 256, 4 epochs, Fashion-MNIST).
 """
 
 import ml_collections
 
-from configs import default
+from configs import base
 
 
 def get_config() -> ml_collections.ConfigDict:
-  config = default.get_config()
+  config = base.get_config()
   config.method = 'byol'
   config.loss = 'byol'
   config.loss_kwargs = ml_collections.ConfigDict()

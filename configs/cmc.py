@@ -8,7 +8,7 @@ Command (from the repository root, 8 virtual CPU devices):
 Expected, from the study (`python -m benchmarks.reproduce`; all figures in
 benchmarks/REPORT.md): % on the test split, mean +- std over the seeds
 finished (of 3), then n seeds and steps x batch size:
-  regular data (cmc_k4)  kNN 82.43 +- 0.13 linear 87.90 +- 0.04 n=2, 390x256
+  regular data           kNN 82.43 +- 0.13 linear 87.90 +- 0.04 n=2, 390x256
 Seed 0 of the first line, on the 50,000 training images the validation
 holdout leaves (8 virtual CPU devices):
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \
@@ -17,9 +17,7 @@ holdout leaves (8 virtual CPU devices):
     --config.batch_size=256 --config.checkpoint_every_steps=100 \
     --config.dataset.validation_size=10000 --config.eval.baselines=False \
     --config.eval.split=test --config.num_epochs=2.002564 \
-    --config.online.knn_every_steps=0 --config.seed=0 \
-    --config.model.head_input=pooled \
-    --config.optimizer.base_learning_rate=0.001
+    --config.online.knn_every_steps=0 --config.seed=0
 Written by `python -m benchmarks.reproduce --update_configs`.
 
 Paper: tau = 0.07, full graph over views (eq. 8), memory-bank negatives
@@ -28,7 +26,7 @@ of the same image (the paper used colour channels, L/ab, depth, ...) with one
 shared encoder, and the bank holds one row per image (the normalised mean of
 its views' embeddings) rather than one bank per view.
 
-Inherited from configs/default.py and so different from the paper: the small
+Inherited from configs/base.py and so different from the paper: the small
 CNN (4 conv stages, 32-256 channels; the flattened 3x3x256 map is the evaluated
 representation; a 512-128 MLP head), AdamW (lr 1e-3 * B / 256, 5% warmup then
 cosine, wd 1e-4), batch 256, 4 epochs, and the 'fmnist' augmentation (crop
@@ -40,11 +38,11 @@ colour-split views.
 
 import ml_collections
 
-from configs import default
+from configs import base
 
 
 def get_config() -> ml_collections.ConfigDict:
-  config = default.get_config()
+  config = base.get_config()
   config.method = 'memory_bank'
   config.loss = 'cmc'
   config.loss_kwargs = ml_collections.ConfigDict(

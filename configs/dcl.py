@@ -17,14 +17,12 @@ holdout leaves (8 virtual CPU devices):
     --config.checkpoint_every_steps=100 \
     --config.dataset.validation_size=10000 --config.eval.baselines=False \
     --config.eval.split=test --config.num_epochs=2.002564 \
-    --config.online.knn_every_steps=0 --config.seed=0 \
-    --config.model.head_input=pooled \
-    --config.optimizer.base_learning_rate=0.001
+    --config.online.knn_every_steps=0 --config.seed=0
 Written by `python -m benchmarks.reproduce --update_configs`.
 
 Defaults (MACL's baseline, notes/macl.md): tau = 0.1, cross-view layout.
 
-Inherited from configs/default.py and so different from the paper: the small
+Inherited from configs/base.py and so different from the paper: the small
 CNN (4 conv stages, 32-256 channels; the flattened 3x3x256 map is the evaluated
 representation; a 512-128 MLP head), AdamW (lr 1e-3 * B / 256, 5% warmup then
 cosine, wd 1e-4), batch 256, 4 epochs, and the 'fmnist' augmentation (crop
@@ -36,11 +34,11 @@ with a 3x3 stem, Adam lr 1e-3 fixed (wd 1e-6), batch 256, 200 epochs, and crop
 
 import ml_collections
 
-from configs import default
+from configs import base
 
 
 def get_config() -> ml_collections.ConfigDict:
-  config = default.get_config()
+  config = base.get_config()
   config.method = 'in_batch'
   config.loss = 'dcl'
   config.loss_kwargs = ml_collections.ConfigDict(

@@ -17,9 +17,7 @@ holdout leaves (8 virtual CPU devices):
     --config.batch_size=256 --config.checkpoint_every_steps=100 \
     --config.dataset.validation_size=10000 --config.eval.baselines=False \
     --config.eval.split=test --config.num_epochs=2.002564 \
-    --config.online.knn_every_steps=0 --config.seed=0 \
-    --config.model.head_input=pooled \
-    --config.optimizer.base_learning_rate=0.001
+    --config.online.knn_every_steps=0 --config.seed=0
 Written by `python -m benchmarks.reproduce --update_configs`.
 
 Paper: tau = 0.07, m = 4096 noise samples, bank momentum 0.5, 128-d.
@@ -34,7 +32,7 @@ released code fixes Z after the first batch; see losses.insdis).
 The proximal weight lambda = 50 (the loss's default) is NOT VERIFIED against
 the paper's text; the released lemniscate code has no proximal term.
 
-Inherited from configs/default.py and different from the paper: the optimizer
+Inherited from configs/base.py and different from the paper: the optimizer
 (AdamW, lr 1e-3 * B / 256, warmup + cosine; the paper: SGD lr 0.03, momentum
 0.9), the augmentation (the 'fmnist' preset on 28x28 grayscale; the paper:
 ImageNet random resized crop, colour jitter, grayscale, flip), the encoder
@@ -44,11 +42,11 @@ ImageNet random resized crop, colour jitter, grayscale, flip), the encoder
 
 import ml_collections
 
-from configs import default
+from configs import base
 
 
 def get_config() -> ml_collections.ConfigDict:
-  config = default.get_config()
+  config = base.get_config()
   config.method = 'memory_bank'
   config.loss = 'insdis'
   # proximal_weight: 50.0 NOT VERIFIED (see the docstring).

@@ -17,9 +17,7 @@ holdout leaves (8 virtual CPU devices):
     --config.checkpoint_every_steps=100 \
     --config.dataset.validation_size=10000 --config.eval.baselines=False \
     --config.eval.split=test --config.num_epochs=2.002564 \
-    --config.online.knn_every_steps=0 --config.seed=0 \
-    --config.model.head_input=pooled \
-    --config.optimizer.base_learning_rate=0.001
+    --config.online.knn_every_steps=0 --config.seed=0
 Written by `python -m benchmarks.reproduce --update_configs`.
 
 Paper/code (notes/jcl.md Sec. 0): tau = 0.2, 1 query crop + M' = 4 key crops
@@ -28,7 +26,7 @@ means. lambda_max = 4.0 (the paper's ablation value; the released ImageNet
 script uses 2.0). Q = 4096 and m = 0.99 as in configs/moco_v2.py; shuffle-BN
 over the concatenated key crops, as in the code.
 
-Inherited from configs/default.py and so different from the paper: the small
+Inherited from configs/base.py and so different from the paper: the small
 CNN (4 conv stages, 32-256 channels; the flattened 3x3x256 map is the evaluated
 representation; a 512-128 MLP head), AdamW (lr 1e-3 * B / 256, 5% warmup then
 cosine, wd 1e-4), batch 256, 4 epochs, and the 'fmnist' augmentation (crop
@@ -41,11 +39,11 @@ blur 0.5, flip), queue 65,536 and m = 0.999.
 
 import ml_collections
 
-from configs import default
+from configs import base
 
 
 def get_config() -> ml_collections.ConfigDict:
-  config = default.get_config()
+  config = base.get_config()
   config.method = 'moco'
   config.loss = 'jcl'
   config.loss_kwargs = ml_collections.ConfigDict(

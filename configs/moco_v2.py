@@ -17,9 +17,7 @@ holdout leaves (8 virtual CPU devices):
     --config.batch_size=256 --config.checkpoint_every_steps=100 \
     --config.dataset.validation_size=10000 --config.eval.baselines=False \
     --config.eval.split=test --config.num_epochs=2.002564 \
-    --config.online.knn_every_steps=0 --config.seed=0 \
-    --config.model.head_input=pooled \
-    --config.optimizer.base_learning_rate=0.001
+    --config.online.knn_every_steps=0 --config.seed=0
 Written by `python -m benchmarks.reproduce --update_configs`.
 
 Paper: tau = 0.2, m = 0.999, Q = 65536, MLP head, SGD lr 0.03 * B / 256.
@@ -28,7 +26,7 @@ m = 0.99 (the MoCo CIFAR recipe: a few hundred steps at 0.999 barely move the
 key encoder). Only queue negatives, as in MoCo (no in-batch negatives).
 Optimizer: the project default (AdamW), not the paper's SGD.
 
-Inherited from configs/default.py and so different from the paper: the small
+Inherited from configs/base.py and so different from the paper: the small
 CNN (4 conv stages, 32-256 channels; the flattened 3x3x256 map is the evaluated
 representation; a 512-128 MLP head), AdamW (lr 1e-3 * B / 256, 5% warmup then
 cosine, wd 1e-4), batch 256, 4 epochs, and the 'fmnist' augmentation (crop
@@ -41,11 +39,11 @@ blur 0.5, flip).
 
 import ml_collections
 
-from configs import default
+from configs import base
 
 
 def get_config() -> ml_collections.ConfigDict:
-  config = default.get_config()
+  config = base.get_config()
   config.method = 'moco'
   config.loss = 'infonce'
   config.loss_kwargs = ml_collections.ConfigDict(

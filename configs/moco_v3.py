@@ -15,7 +15,7 @@ prediction head on the query branch (models.py has none yet), so this is
 MoCo v3 minus the predictor. Optimizer: the project default (AdamW; the
 paper used LARS for ResNet).
 
-Inherited from configs/default.py and so different from the paper: the small
+Inherited from configs/base.py and so different from the paper: the small
 CNN (4 conv stages, 32-256 channels; the flattened 3x3x256 map is the evaluated
 representation; a 512-128 MLP head), AdamW (lr 1e-3 * B / 256, 5% warmup then
 cosine, wd 1e-4), batch 256, 4 epochs, and the 'fmnist' augmentation (crop
@@ -26,11 +26,11 @@ Fashion-MNIST. The paper used ResNet-50 (or ViT) with a prediction head, LARS
 
 import ml_collections
 
-from configs import default
+from configs import base
 
 
 def get_config() -> ml_collections.ConfigDict:
-  config = default.get_config()
+  config = base.get_config()
   config.method = 'moco'
   config.loss = 'infonce'
   config.loss_kwargs = ml_collections.ConfigDict(

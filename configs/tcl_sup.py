@@ -17,9 +17,7 @@ holdout leaves (8 virtual CPU devices):
     --config.batch_size=256 --config.checkpoint_every_steps=100 \
     --config.dataset.validation_size=10000 --config.eval.baselines=False \
     --config.eval.split=test --config.num_epochs=2.002564 \
-    --config.online.knn_every_steps=0 --config.seed=0 \
-    --config.model.head_input=pooled \
-    --config.optimizer.base_learning_rate=0.001
+    --config.online.knn_every_steps=0 --config.seed=0
 Written by `python -m benchmarks.reproduce --update_configs`.
 
 The thesis reports 95.7% (TCL) vs 95.5% (SupCon) on Fashion-MNIST with
@@ -28,24 +26,24 @@ ResNet-50 and 100 + 50 epochs, far beyond this CPU setup.
 Thesis defaults (notes/tcl.md Sec. 0): tau = 0.1, k1 = 5000, k2 = 1, 2 views;
 inputs: RandomCrop(28, padding=4) + flip (preset tcl_fmnist).
 
-Inherited from configs/default.py and so different from the paper: the small
+Inherited from configs/base.py and so different from the paper: the small
 CNN (4 conv stages, 32-256 channels; the flattened 3x3x256 map is the evaluated
 representation; a 512-128 MLP head), AdamW (lr 1e-3 * B / 256, 5% warmup then
 cosine, wd 1e-4), batch 256 and 4 epochs. The paper used ResNet-50 on
 Fashion-MNIST, SGD lr 9e-2 (cosine, momentum 0.9, wd 1e-4), batch 64 images
 (128 views) and 100 epochs. The augmentation is the thesis's (random crop with
-padding 4 + flip, preset tcl_fmnist), not the default's; the study
+padding 4 + flip, preset tcl_fmnist), not base.py's 'fmnist'; the study
 (benchmarks/reproduce.py) overrides it to 'fmnist' so that every method sees
 the same views, SupCon included.
 """
 
 import ml_collections
 
-from configs import default
+from configs import base
 
 
 def get_config() -> ml_collections.ConfigDict:
-  config = default.get_config()
+  config = base.get_config()
   config.method = 'in_batch'
   config.use_labels = True
   config.loss = 'tcl'

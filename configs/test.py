@@ -5,15 +5,15 @@
 End to end (64 steps on 2,048 Fashion-MNIST images, evaluation on 1,024 test
 images with both baselines, results.json) in 35 s here, 8 virtual devices.
 
-Not any paper's recipe: configs/default.py (its docstring lists how that
+Not any paper's recipe: configs/base.py (its docstring lists how that
 differs from SimCLR) shrunk for speed; its numbers mean nothing.
 """
 
-from configs import default
+from configs import base
 
 
 def get_config():
-  config = default.get_config()
+  config = base.get_config()
   config.model.encoder_kwargs.widths = (8, 16)
   config.model.head_hidden_dim = 32
   config.model.head_out_dim = 16

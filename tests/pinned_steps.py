@@ -13,6 +13,11 @@ The committed values were made at commit 8c475bd: this script's version there
 calls) run on that code. The registry reproduces all 264 values bit for bit
 on the machine that made them. A change meant to alter a number regenerates
 the file and says so in its commit.
+
+Since configs/default.py took the recipe chosen on the validation split, its
+entry is that config's (the head reading the map; made with this script at
+that commit), and 'base' carries the old 'default' entry unchanged:
+configs/base.py is the previous default.
 """
 
 import importlib

@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from configs import default
+from configs import base
 from configs import moco_v3
 from contrastive_jax import models
 from contrastive_jax import train
@@ -37,7 +37,7 @@ def _setup(config, mesh, channels):
 
 
 def test_step_schedule_decays_at_the_configured_epochs():
-  config = default.get_config()
+  config = base.get_config()
   config.batch_size, config.num_epochs = 256, 200.
   config.optimizer.schedule = 'step'
   config.optimizer.decay_epochs = (120, 160)
@@ -54,7 +54,7 @@ def test_step_schedule_decays_at_the_configured_epochs():
 
 
 def test_moco_v2_head_has_biases_and_no_batch_norm():
-  config = default.get_config()
+  config = base.get_config()
   config.model.head_batch_norm = False
   model = models.create_model(config)
   variables = jax.eval_shape(
@@ -66,7 +66,7 @@ def test_moco_v2_head_has_biases_and_no_batch_norm():
 
 
 def _resnet_config(dtype):
-  config = default.get_config()
+  config = base.get_config()
   config.model.encoder = 'resnet18'
   config.model.encoder_kwargs = ml_collections.ConfigDict(
       {'stem': 'cifar', 'width': 8, 'stage_sizes': (1, 1, 1, 1)})
@@ -167,7 +167,7 @@ def test_moco_v3_queries_are_predictions_and_keys_ema_projections():
 def test_schedules_of_runs_without_training_steps(warmup_fraction):
   # num_epochs = 0 (untrained baselines) or 1 step: a valid schedule, and
   # from 2 steps on the warmup-cosine schedule is unchanged (closed form).
-  config = default.get_config()
+  config = base.get_config()
   config.optimizer.warmup_fraction = warmup_fraction
   for total in (0, 1):
     assert np.isfinite(float(train.learning_rate_schedule(config, total)(0)))

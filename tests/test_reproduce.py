@@ -98,9 +98,9 @@ def test_pinned_settings_survive_a_change_of_the_default(tmp_path):
   # study's values, unless the run itself sets the key.
   changed = tmp_path / 'changed_default.py'
   changed.write_text(
-      'from configs import default\n'
+      'from configs import base\n'
       'def get_config():\n'
-      '  config = default.get_config()\n'
+      '  config = base.get_config()\n'
       "  config.model.head_input = 'features'\n"
       '  config.optimizer.base_learning_rate = 3e-3\n'
       '  return config\n')
@@ -120,6 +120,25 @@ def test_pinned_settings_survive_a_change_of_the_default(tmp_path):
     assert config.optimizer.base_learning_rate == pytest.approx(lr), run_id
     # The pins are not part of the run's identity (finished runs stay done).
     assert not any('head_input=pooled' in a for a in run.args())
+
+
+def test_runs_naming_configs_default_train_configs_base():
+  # configs/default.py is configs/base.py plus the recipe chosen on the
+  # validation split. The study's NT-Xent, baseline and recipe runs name
+  # configs/default.py (their identity, and so their finished results,
+  # predate that choice); with the pins they must build exactly the config
+  # that configs/base.py with the run's own overrides builds.
+  runs = [r for r in reproduce.plan() if r.config == 'default']
+  assert len({r.variant for r in runs}) == 4   # regular, batch64, ...
+  for r in runs:
+    if r.seed == 2 or (r.seed == 1 and r.variant != 'batch64'):
+      continue   # The seeds differ in config.seed only.
+    args = r.command_args()
+    assert args[0] == '--config=configs/default.py'
+    configs = os.path.join(reproduce.ROOT, 'configs')
+    via_default = _parse_flags([f'--config={configs}/default.py'] + args[1:])
+    via_base = _parse_flags([f'--config={configs}/base.py'] + r.args()[1:])
+    assert via_default.to_dict() == via_base.to_dict(), r.run_id
 
 
 def test_train_examples_follow_cacr_rules():
@@ -275,7 +294,8 @@ def test_update_configs_writes_the_studys_figures(tmp_path):
       _record(by_id['regular__simclr__s1'], knn[1], lin[1], 390),
       _record(by_id['linear__simclr__s0'], 0.7431, 0.8401, 390),
       _record(by_id['batch64__macl__s0'], 0.8201, 0.8770, 1560),
-      # configs/default.py's paragraph is the default job's: kept.
+      # Runs naming configs/default.py train configs/base.py (the pins):
+      # their figures go to base.py; default.py's own paragraph is kept.
       _record(by_id['regular__ntxent_t0.1__s0'], 0.82, 0.87, 390),
       _record(by_id['regular__tcl_sup__s0'], 0.84, 0.88, 390)]
   # The configs as they were before the study wrote into them (the
@@ -283,7 +303,7 @@ def test_update_configs_writes_the_studys_figures(tmp_path):
   # tcl_sup's with a remark after it; default.py's own paragraph as it is.
   remark = {'tcl_sup': ' The thesis reports 95.7% (TCL) vs 95.5% (SupCon).'}
   originals = {}
-  for name in ('simclr', 'macl', 'default', 'insdis', 'tcl_sup'):
+  for name in ('simclr', 'macl', 'default', 'base', 'insdis', 'tcl_sup'):
     with open(os.path.join(ROOT, 'configs', f'{name}.py')) as f:
       text = f.read()
     if name != 'default':
@@ -295,7 +315,11 @@ def test_update_configs_writes_the_studys_figures(tmp_path):
 
   changed = reproduce.update_configs(records, runs, str(tmp_path))
   assert sorted(os.path.basename(p) for p in changed) == [
-      'macl.py', 'simclr.py', 'tcl_sup.py']
+      'base.py', 'macl.py', 'simclr.py', 'tcl_sup.py']
+  base = (tmp_path / 'base.py').read_text()
+  assert re.search(r'^  regular data +kNN 82.00 +linear 87.00 +n=1, 390x256$',
+                   base, re.M)
+  assert '    python main.py --config=configs/base.py \\\n' in base
   # The placeholder's remark (the thesis's figures) survives, as its own
   # paragraph after the study's.
   tcl = (tmp_path / 'tcl_sup.py').read_text()
@@ -321,11 +345,21 @@ def test_update_configs_writes_the_studys_figures(tmp_path):
   head, tail = originals['simclr'].split('Expected: not measured yet', 1)
   assert text.startswith(head)
   assert text.endswith(tail[tail.index('\n\n'):])
-  # The command in it is seed 0's, the study's own arguments and its pins.
-  cmd = ' '.join(text.split('--workdir=workdir/regular__simclr__s0', 1)[1]
-                 .split('Written by')[0].replace('\\', ' ').split())
-  assert cmd == ' '.join(by_id['regular__simclr__s0'].command_args()[1:])
-  assert '--config.model.head_input=pooled' in cmd
+  # The command in it is seed 0's, as the study ran it.
+  def command(text, run_id):
+    tail = text.split(f'--workdir=workdir/{run_id}', 1)[1]
+    return tail.split('Written by')[0].replace('\\', ' ').split()
+  assert command(text, 'regular__simclr__s0') == (
+      by_id['regular__simclr__s0'].command_args()[1:])
+  # base.py's command, run, builds the config the study's run built (from
+  # configs/default.py and the pins).
+  configs = os.path.join(ROOT, 'configs')
+  ran = by_id['regular__ntxent_t0.1__s0'].command_args()
+  assert ran[0] == '--config=configs/default.py'
+  assert _parse_flags(
+      [f'--config={configs}/base.py']
+      + command(base, 'regular__ntxent_t0.1__s0')).to_dict() == _parse_flags(
+          [f'--config={configs}/default.py'] + ran[1:]).to_dict()
   # The rewritten file is still the config, and a rerun changes nothing.
   namespace = {}
   exec(compile(text, 'simclr.py', 'exec'), namespace)  # pylint: disable=exec-used

@@ -25,7 +25,7 @@ other clusters JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID.
 
 import ml_collections
 
-from configs import default
+from configs import base as base_config
 
 SCALES = ('imagenet', 'cifar10', 'cifar100')
 
@@ -41,8 +41,8 @@ def scale_of(arg: str | None) -> str:
 
 
 def base(scale: str) -> ml_collections.ConfigDict:
-  """configs/default.py at `scale`: data, encoder, precision, evaluation."""
-  config = default.get_config()
+  """configs/base.py at `scale`: data, encoder, precision, evaluation."""
+  config = base_config.get_config()
   config.model.dtype = 'bfloat16'     # Mixed precision (models.py).
   config.eval.baselines = False       # Raw pixels of 224 px: 150k-d rows.
   config.eval.batch_size = 1024

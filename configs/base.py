@@ -1,0 +1,195 @@
+"""What every config in configs/ builds on: the small CNN on Fashion-MNIST, CPU.
+
+Fashion-MNIST, the small CNN (its flattened 3x3x256 map is the evaluated
+representation; the projection head reads the map's global average), NT-Xent
+tau 0.1, AdamW (peak lr 1e-3 * B / 256, 5% warmup then cosine, wd 1e-4),
+batch 256, 4 epochs, the 'fmnist' augmentation, and the end-of-run
+evaluation (weighted kNN and the L-BFGS linear probe, with the raw-pixel and
+random-init baselines).
+
+Who builds on it:
+* configs/<method>.py: this file plus one method. Every method config so
+  trains with the same encoder, optimizer, batch, augmentation and epochs:
+  the protocol of the study (benchmarks/reproduce.py), whose measured figures
+  their docstrings quote.
+* configs/default.py, the default job: this file plus the NT-Xent recipe
+  chosen on the validation split (its docstring gives the search).
+* configs/test.py shrinks it for tests; configs/papers/common.py scales it to
+  CIFAR and ImageNet.
+
+It runs on its own too (it was the default job until the validation search):
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+    python main.py --config=configs/base.py --workdir=workdir/base
+
+Expected, from the study (`python -m benchmarks.reproduce`; all figures in
+benchmarks/REPORT.md): % on the test split, mean +- std over the seeds
+finished (of 3), then n seeds and steps x batch size:
+  regular data           kNN 82.08 +- 0.07 linear 87.79 +- 0.13 n=2, 390x256
+  batch 64               kNN 82.59 +- 0.23 linear 87.87 +- 0.22 n=2, 1560x64
+Seed 0 of the first line, on the 50,000 training images the validation
+holdout leaves (8 virtual CPU devices):
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+    python main.py --config=configs/base.py \
+    --workdir=workdir/regular__ntxent_t0.1__s0 --config.augment.preset=fmnist \
+    --config.batch_size=256 --config.checkpoint_every_steps=100 \
+    --config.dataset.validation_size=10000 --config.eval.baselines=False \
+    --config.eval.split=test --config.num_epochs=2.002564 \
+    --config.online.knn_every_steps=0 --config.seed=0
+Written by `python -m benchmarks.reproduce --update_configs`.
+
+Different from the SimCLR paper: the small CNN instead of ResNet-50, AdamW
+instead of LARS, batch 256 instead of 4096, 4 epochs, and the 'fmnist'
+augmentation (crop 0.3-1, flip, brightness/contrast jitter, erasing) for
+28x28 grayscale images instead of random resized crop 0.08-1 + colour
+distortion.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+
+  config.dataset = ml_collections.ConfigDict()
+  config.dataset.name = 'fashion_mnist'
+  config.dataset.data_dir = ml_collections.FieldReference(None, field_type=str)
+  config.dataset.train_split = 'train'
+  config.dataset.eval_split = 'test'
+  # Square side the host decodes images to (None: the dataset's own fixed
+  # size). 'image_folder' and ImageNet-like datasets need it.
+  config.dataset.image_size = ml_collections.FieldReference(None,
+                                                            field_type=int)
+  # Hold the split in host memory (small datasets); False reads every batch
+  # from the files, each process only its part (ImageNet on a pod).
+  config.dataset.in_memory = True
+  # A fixed, stratified holdout of the training split (0: none), removed from
+  # the training data; its seed is fixed, independent of config.seed
+  # (input_pipeline/splits.py). Choices are made on it; see config.eval.split.
+  config.dataset.validation_size = 0
+  # CACR's class-imbalanced training data (Table 2; notes/cacr.md Sec. 3.3),
+  # applied after the holdout: 'none', 'linear' (class level l of L keeps
+  # l / L of its examples) or 'exponential' (keeps exp(l - L)).
+  config.dataset.imbalance = 'none'
+  config.dataset.imbalance_levels = 0       # L; 0: min(num_classes, 10).
+
+  # Views: `preset` names a recipe in input_pipeline/augment.py PRESETS.
+  config.augment = ml_collections.ConfigDict()
+  config.augment.preset = 'fmnist'
+  config.augment.num_views = 2
+  # Per-view field overrides: one dict for all views or one per view, e.g.
+  # ({'blur_p': 1.0}, {'blur_p': 0.1, 'solarize_p': 0.2}).
+  config.augment.overrides = ()
+
+  config.model = ml_collections.ConfigDict()
+  config.model.encoder = 'small_cnn'
+  # pool='none': evaluate the flattened last map (3x3x256); the head reads
+  # its global average.
+  config.model.encoder_kwargs = ml_collections.ConfigDict(
+      {'widths': (32, 64, 128, 256), 'pool': 'none'})
+  # What the head reads from the map: 'pooled' (its global average) or
+  # 'features' (the flattened map that evaluation reads).
+  config.model.head_input = 'pooled'
+  config.model.head_hidden_dim = 512
+  config.model.head_out_dim = 128
+  config.model.head_layers = 2
+  config.model.head_batch_norm = True       # False: MoCo v2's head (no BN).
+  # Compute dtype of the conv and dense layers: 'float32', or 'bfloat16' for
+  # mixed precision (parameters, optimizer state, BN statistics, features and
+  # the loss stay float32; models.py).
+  config.model.dtype = 'float32'
+
+  # A loss from contrastive_jax.losses.LOSSES and its keyword arguments.
+  config.loss = 'ntxent'
+  config.loss_kwargs = ml_collections.ConfigDict({'temperature': 0.1})
+  # Loss keywords that change per step: keyword -> a kind from
+  # contrastive_jax/schedules.py applied to its loss_kwargs value (or the
+  # loss's default), e.g. {'lam': 'epoch_ramp'} (JCL).
+  config.loss_schedules = ml_collections.ConfigDict()
+
+  # How a batch becomes the loss's inputs: a module of contrastive_jax/methods,
+  # e.g. 'in_batch' (all views through the online encoder; SimCLR-style),
+  # 'moco' (EMA key encoder, optional queue), 'memory_bank' (InsDis/CMC).
+  config.method = 'in_batch'
+  config.use_labels = False       # Pass batch labels to the loss (supcon, tcl).
+  # method='moco' (and methods built on it) only.
+  config.moco = ml_collections.ConfigDict()
+  config.moco.momentum = 0.999              # EMA momentum m (at step 0).
+  config.moco.momentum_schedule = 'constant'  # Or 'cosine' (to 1; MoCo v3).
+  config.moco.query_views = (0,)            # Views through the online encoder.
+  config.moco.key_views = (1,)              # Views through the key encoder.
+  config.moco.queue_size = 0                # 0: no queue; else % batch_size.
+  config.moco.shuffle_bn = False            # Key encoder: per-device shuffle-BN.
+  # > 0: a predictor MLP (this hidden width, out head_out_dim) on the query
+  # branch, MoCo v3's and BYOL's; 0: none (MoCo v1/v2).
+  config.moco.predictor_hidden_dim = 0
+  # What enters the queue: 'first' key view (MoCo) or 'mean' of the
+  # normalised key views (JCL's key means).
+  config.moco.enqueue_keys = 'first'
+  # method='memory_bank' only.
+  config.memory_bank = ml_collections.ConfigDict()
+  config.memory_bank.momentum = 0.5         # Bank row update (InsDis: 0.5).
+  config.memory_bank.num_negatives = 4096   # Rows sampled as noise per step.
+  # 'per_instance': K rows for every instance (InsDis); 'shared': one K-row
+  # sample for the whole batch (CMC).
+  config.memory_bank.noise = 'per_instance'
+
+  config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.name = 'adamw'
+  # Peak lr = base_learning_rate * batch_size / 256 (linear scaling rule).
+  config.optimizer.base_learning_rate = 1e-3
+  config.optimizer.weight_decay = 1e-4
+  config.optimizer.momentum = 0.9           # sgd and lars only.
+  config.optimizer.warmup_fraction = 0.05   # Of all steps.
+  # After the warmup: 'cosine' decay to 0, or 'step': x lr_decay at each of
+  # decay_epochs (InsDis, MoCo v1: x0.1 at epochs 120 and 160 of 200).
+  config.optimizer.schedule = 'cosine'
+  config.optimizer.decay_epochs = ()
+  config.optimizer.lr_decay = 0.1
+
+  config.batch_size = 256                   # Instances; each gives num_views.
+  config.num_epochs = 4.0
+
+  config.log_every_steps = 20
+  config.checkpoint_every_steps = 100
+
+  # Online monitors during pretraining (labelled "online/" everywhere): a
+  # linear head on stop-gradient backbone features, trained with the labels,
+  # and a periodic weighted kNN on fixed subsets. Neither affects training.
+  config.online = ml_collections.ConfigDict()
+  config.online.linear_probe = True
+  config.online.probe_learning_rate = 1e-3
+  config.online.knn_every_steps = 200                  # 0: off.
+  config.online.knn_k = 20
+  config.online.knn_bank_size = 10000
+  config.online.knn_num_queries = 2000
+
+  config.eval = ml_collections.ConfigDict()
+  # What the end-of-run evaluation scores: 'test' (config.dataset.eval_split)
+  # or 'validation' (the holdout; needs config.dataset.validation_size > 0).
+  # Recipe choices are made on 'validation'; 'test' is only reported.
+  config.eval.split = 'test'
+  config.eval.batch_size = 1024
+  config.eval.knn_ks = (200,)
+  config.eval.knn_temperature = 0.1
+  # ~ scikit-learn LogisticRegression(C=1) on 60k examples (l2 = 1 / N).
+  config.eval.linear_l2 = 1e-5
+  # Preconditioned L-BFGS (evaluators/linear_probe.py): 50 iterations are
+  # within 0.05 point of the optimum on this job's features (plain L-BFGS
+  # needed ~300). 0: no fast probe.
+  config.eval.linear_max_iter = 50
+  config.eval.baselines = True              # Also score raw pixels, random init.
+  # Test examples in summary.png's t-SNE maps (~6 s for 2,000 on 2 cores;
+  # 0: no maps).
+  config.eval.embedding_points = 2000
+  # The papers' linear evaluation of the trained encoder, besides the fast
+  # L-BFGS probe above: a preset of contrastive_jax/evaluators/linear_eval.py
+  # ('simclr', 'moco', 'cacr_small', 'tcl', 'macl'): a linear classifier
+  # trained by SGD/Adam on augmented images through the frozen encoder,
+  # streamed like pretraining. '' (default): off. Epochs and batch size
+  # override the preset's when > 0 (the lr follows the batch linearly).
+  config.eval.linear_eval = ''
+  config.eval.linear_eval_epochs = 0
+  config.eval.linear_eval_batch_size = 0
+  return config
