@@ -43,8 +43,8 @@ table; python -m benchmarks.reproduce). The test split played no part. %:
   random-init encoder / raw pixels (no training)  82.05 / 78.93   86.08 / 85.53
 
 The rule, set before the last candidate finished: the best mean of kNN and
-linear. It picks the last row, the head reading the map at batch 64; this
-file ships the head reading the map at batch 256 instead (0.13 point lower,
+linear. It picks the last candidate, the head reading the map at batch 64;
+this file ships the head reading the map at batch 256 instead (0.13 lower,
 less than one seed's spread: 0.01-0.47 point between seeds in the study),
 because the batch-64 default job deadlocked in XLA:CPU's collectives on 8
 virtual devices (an all-gather of the first train steps waiting forever for
