@@ -46,10 +46,13 @@ The rule, set before the last candidate finished: the best mean of kNN and
 linear. It picks the last candidate, the head reading the map at batch 64;
 this file ships the head reading the map at batch 256 instead (0.13 lower,
 less than one seed's spread: 0.01-0.47 point between seeds in the study),
-because the batch-64 default job deadlocked in XLA:CPU's collectives on 8
-virtual devices (an all-gather of the first train steps waiting forever for
-its last participants) in 5 of 5 full runs of scripts/run_default.sh here,
-while short runs of it and the study's two batch-64 candidates (whose
+because the batch-64 default job hung in XLA:CPU's collectives on 8 virtual
+devices (an all-gather of the first train steps waiting for its last
+participants past XLA's 40 s limit, which aborts the process; with the
+study's 2 h limit, still waiting when stopped 2 min later) in all 5 runs
+here through scripts/run_default.sh
+(3 of 4 epochs, 2 of 0.05), while 5 short runs of 0.03-0.05 epochs (one
+through the script) and the study's two batch-64 candidates (whose
 collective timeout is 2 h) finished. Not understood yet; until it is, the
 default stays at base.py's batch 256, at which ~50 study runs and every
 earlier default job started without it (one study run hung at step ~400
