@@ -130,12 +130,12 @@ def test_runs_naming_configs_default_train_configs_base():
   # that configs/base.py with the run's own overrides builds.
   runs = [r for r in reproduce.plan() if r.config == 'default']
   assert len({r.variant for r in runs}) == 4   # regular, batch64, ...
+  configs = os.path.join(reproduce.ROOT, 'configs')
   for r in runs:
     if r.seed == 2 or (r.seed == 1 and r.variant != 'batch64'):
       continue   # The seeds differ in config.seed only.
     args = r.command_args()
     assert args[0] == '--config=configs/default.py'
-    configs = os.path.join(reproduce.ROOT, 'configs')
     via_default = _parse_flags([f'--config={configs}/default.py'] + args[1:])
     via_base = _parse_flags([f'--config={configs}/base.py'] + r.args()[1:])
     assert via_default.to_dict() == via_base.to_dict(), r.run_id
