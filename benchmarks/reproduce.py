@@ -104,11 +104,13 @@ VALIDATION_SIZE = 10_000
 # Fashion-MNIST: 6000 training images per class, 10 classes.
 TRAIN_PER_CLASS, NUM_CLASSES = 6000, 10
 KNN_KEY = 'knn_weighted_top1@200'
-# 8 virtual devices. Under `nice -n 19` on a busy machine a device thread can
-# be starved for minutes; XLA's CPU collectives then abort the process after
-# 40 s in a rendezvous ("Termination timeout for `all gather ...`"), which
-# killed the study's first run at step 230. Waiting is correct here: raise the
-# limits to 2 h.
+# 8 virtual devices. XLA's CPU collectives abort the process after 40 s in a
+# rendezvous ("Termination timeout for `all gather ...`"), which killed the
+# study's first run at step 230. That was put down to starved device threads
+# under `nice -n 19`, hence the limits raised to 2 h; the deadlock of
+# XLA:CPU's default thread pools (contrastive_jax/runtime.py, fixed since by
+# sizing the pools when main.py imports the package) has the same signature
+# and is the likelier cause. The 2 h limits stay: waiting is harmless.
 XLA_FLAGS = ('--xla_force_host_platform_device_count=8 '
              '--xla_cpu_collective_call_terminate_timeout_seconds=7200 '
              '--xla_cpu_collective_timeout_seconds=7200')
@@ -700,7 +702,13 @@ def write_report(records: list[dict], runs: Sequence[Run], report: str,
       'rule leaves class 0 with no training image, as in CACR\'s code '
       '(int(5000 e^(1-10)) = 0 on CIFAR-10; notes/cacr.md Sec. 3.3), which '
       'caps both methods alike; (4) CMC\'s bank negatives are one set shared by '
-      'the batch (InsDis\'s are per instance, 1024 of them).',
+      'the batch (InsDis\'s are per instance, 1024 of them); (5) the seeds '
+      'ran at different commits (each result file records its own): the '
+      'changes between them were tested to move numbers by float '
+      'reassociation only, yet over a run\'s few hundred steps that adds up: '
+      'regular__simclr__s0 rerun at 9c9e520 gave 81.41 kNN / 87.32 linear '
+      'against its committed 81.27 / 87.52 (a20899a), so about 0.2 point of '
+      'a cell\'s spread can be code drift rather than seed.',
       '',
       '## Accuracy per method and variant (test split, %)',
       '',

@@ -6,6 +6,8 @@ Run from the repository root:
     PYTHONPATH=. .venv/bin/python benchmarks/train_step.py --profile
     PYTHONPATH=. .venv/bin/python benchmarks/train_step.py \
         --xla_flags=--xla_cpu_use_fusion_emitters=false   # an XLA flag's A/B
+    PYTHONPATH=. .venv/bin/python benchmarks/train_step.py \
+        --threads=8 --peer_devices=8        # XLA:CPU's own pool size's A/B
 
 What is measured. Every row runs in a fresh subprocess, because the number of
 virtual CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=N) must
@@ -99,7 +101,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (label, model, devices, batch instances). 'default' is the step of
 # configs/base.py, the one torch_default_step.py mirrors (its head reads the
 # pooled map; configs/default.py's recipe feeds the head the flattened map,
-# a 2304 x 512 first head layer instead of 256 x 512).
+# a 2304 x 512 first head layer instead of 256 x 512, at batch 64).
 ROWS = [
     ('default', 'default', 1, 512),
     ('default', 'default', 8, 512),
@@ -174,14 +176,22 @@ def run_peak() -> dict:
 
 
 def run_step(model: str, devices: int, batch: int, steps: int,
-             num_views: int = 2, xla_flags: str = '') -> dict:
-  """Times the configured train step; see the module docstring."""
+             num_views: int = 2, xla_flags: str = '', threads: int = 0
+             ) -> dict:
+  """Times the configured train step; see the module docstring.
+
+  threads: XLA:CPU's pool size instead of the one contrastive_jax's import
+  sets (runtime.size_cpu_thread_pools), e.g. the number of devices, XLA's
+  own default on a machine of fewer cores; 0 keeps the shipped size.
+  """
   _worker_setup(devices, xla_flags)
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
   from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  if threads:   # After the import sized the pools, before the backend starts.
+    os.environ['PJRT_NPROC'] = str(threads)
 
   assert jax.device_count() == devices, jax.devices()
   config = _config(model, batch, num_views)
@@ -416,25 +426,29 @@ def compare_with_peer(args) -> None:
         f'of the measured matmul peak ({peak:.0f} GFLOP/s, 2048^3 float32)')
 
 
-def compare_xla_flags(args) -> None:
-  """The default step as shipped and with `--xla_flags`, alternated."""
+def compare_variant(args) -> None:
+  """The default step as shipped and with `--xla_flags` or `--threads`,
+  alternated."""
   batch = 512
+  variant = ({'xla_flags': args.xla_flags} if args.xla_flags else
+             {'threads': args.threads})
+  what = (f'XLA_FLAGS += {args.xla_flags!r}' if args.xla_flags else
+          f'XLA:CPU pools of {args.threads} threads')
   print(f'\nDefault step, batch {batch} x 2 views, {args.peer_devices} CPU '
-        f'devices: as shipped vs XLA_FLAGS += {args.xla_flags!r}, '
-        f'alternated, {args.steps} timed steps each')
-  print(f'{"round":<8}{"shipped img/s":>15}{"flags img/s":>13}{"ratio":>8}')
-  rates = {'': [], args.xla_flags: []}
+        f'devices: as shipped vs {what}, alternated, {args.steps} timed '
+        'steps each')
+  print(f'{"round":<8}{"shipped img/s":>15}{"variant img/s":>15}{"ratio":>8}')
+  base, new = [], []
   for r in range(args.rounds):
-    for flags, got in rates.items():
+    for extra, got in (({}, base), (variant, new)):
       res = _subprocess(['--job', json.dumps(
           {'kind': 'step', 'model': 'default', 'devices': args.peer_devices,
-           'batch': batch, 'steps': args.steps, 'xla_flags': flags})])
+           'batch': batch, 'steps': args.steps, **extra})])
       got.append(batch / res['step_s'])
-    base, new = rates[''], rates[args.xla_flags]
-    print(f'{r + 1:<8}{base[-1]:>15.0f}{new[-1]:>13.0f}'
+    print(f'{r + 1:<8}{base[-1]:>15.0f}{new[-1]:>15.0f}'
           f'{new[-1] / base[-1]:>7.2f}x', flush=True)
   b, n = statistics.median(base), statistics.median(new)
-  print(f'{"median":<8}{b:>15.0f}{n:>13.0f}{n / b:>7.2f}x')
+  print(f'{"median":<8}{b:>15.0f}{n:>15.0f}{n / b:>7.2f}x')
 
 
 def main():
@@ -457,6 +471,11 @@ def main():
                       help='only the default step as shipped vs with these '
                       'XLA flags added, alternated --rounds times on '
                       '--peer_devices devices')
+  parser.add_argument('--threads', type=int, default=0,
+                      help='only the default step as shipped vs with XLA:CPU '
+                      'pools of this many threads (e.g. 8, XLA\'s own size '
+                      'for 8 devices on a smaller machine), alternated '
+                      '--rounds times on --peer_devices devices')
   parser.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
   parser.add_argument('--job', default='', help=argparse.SUPPRESS)
   args = parser.parse_args()
@@ -470,8 +489,8 @@ def main():
 
   print(f'load average before: {os.getloadavg()} on {os.cpu_count()} CPUs '
         '(shared machine: other jobs compete for the cores)')
-  if args.xla_flags:
-    compare_xla_flags(args)
+  if args.xla_flags or args.threads:
+    compare_variant(args)
     print(f'\nload average after: {os.getloadavg()}')
     return
   if args.peer:

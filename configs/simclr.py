@@ -26,7 +26,8 @@ How it differs from configs/base.py, which every method config builds on:
 only the temperature, tau = 0.2 against base.py's 0.1; everything else (loss,
 data, encoder, optimizer, augmentation, epochs) is base.py's. The default job,
 configs/default.py, is base.py plus the recipe chosen on the validation split
-(RECIPE_TEXT), so this is not the same run as the default job and its numbers
+(the head reading the flattened map, batch 64 at the same peak lr), so this
+is not the same run as the default job and its numbers
 differ. tau = 0.2 is not a tuned value: it is the CACR paper's CL baseline
 (tau = 0.19 at small scale, notes/cacr.md Sec. 2.10) and MoCo v2's, which is
 why the study uses this config as the SimCLR side of the CACR comparisons. On

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 import jax
 from absl import logging as absl_logging
@@ -26,6 +27,54 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OWN = tuple(os.path.join(_ROOT, d) for d in (
     'main.py', 'contrastive_jax' + os.sep, 'input_pipeline' + os.sep,
     'benchmarks' + os.sep, 'scripts' + os.sep))
+
+
+def size_cpu_thread_pools(environ=os.environ) -> int | None:
+  """Gives XLA:CPU's thread pools room for two collective programs at once.
+
+  With N virtual CPU devices (`--xla_force_host_platform_device_count=N`, or
+  `jax_num_cpu_devices`) on a machine of fewer cores, XLA:CPU's client sizes
+  its execution pool and its intra-op pool at exactly max(cores, N) threads
+  (xla/pjrt/cpu/cpu_client.cc: "Need at least CpuDeviceCount threads to
+  launch one collective"). Each device's part of a program with collectives
+  holds a thread while it waits in a rendezvous, and the client orders
+  collective programs by their launch, not their completion (as
+  cpu_client.cc reads: the next launch waits for the previous launch
+  event): with N threads two launches can take every thread between them, and the program deadlocks, N - 1 devices waiting for
+  the last, which never gets a thread (XLA aborts after 40 s, "Termination
+  timeout for `all gather ...`"). Measured on the 2-core CPU with 8 devices,
+  a jitted psum (+ all-gather) dispatched in a loop (tests/test_runtime.py
+  holds such a program): deadlocked in all 5 runs at XLA's 8 threads (1 to
+  16 collectives per program) and in the one run each at 9 and 12 threads;
+  at 16 none of 5 runs did (3 of 3000 calls, 2 with 16 and 32 collectives
+  per program). The same signature as the hangs of the default job at batch
+  64 and of a study run (N - 1 devices in one all-gather, the abort after
+  40 s). 2N threads give every device a thread in both launches; the
+  default step ran no slower at 16 than at 8 (8 devices, alternated:
+  342-381 img/s against 321-337; `benchmarks/train_step.py --threads=8
+  --peer_devices=8`).
+
+  Raises `PJRT_NPROC` (what XLA's DefaultThreadPoolSize reads in place of
+  the core count) to at least 2N: to max(2N, cores) if unset, and an
+  inherited value below 2N (a parent process with fewer devices) too. It
+  must run before jax starts its CPU backend: importing contrastive_jax
+  calls it.
+
+  Returns:
+    The thread count set, or None if nothing was changed.
+  """
+  found = re.findall(r'--xla_force_host_platform_device_count=(\d+)',
+                     environ.get('XLA_FLAGS', ''))
+  devices = max(int(found[-1]) if found else 1,
+                int(jax.config.jax_num_cpu_devices))
+  current = environ.get('PJRT_NPROC', '')
+  if devices <= 1 or (current.isdigit() and int(current) >= 2 * devices):
+    return None
+  cores = (len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
+           else os.cpu_count() or 1)
+  threads = max(2 * devices, cores)
+  environ['PJRT_NPROC'] = str(threads)
+  return threads
 
 
 def initialize_distributed() -> None:

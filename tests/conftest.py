@@ -24,6 +24,10 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import jax  # noqa: E402
 
+# Sizes XLA:CPU's thread pools for the 8 devices before the backend starts
+# (contrastive_jax/runtime.py: with the default pools collectives deadlock).
+import contrastive_jax  # noqa: E402,F401  pylint: disable=unused-import
+
 # Tests compare against float64 numpy references; enabling x64 here would
 # change the dtypes under test, so losses are checked in float32 to 1e-5.
 jax.config.update('jax_default_matmul_precision', 'highest')
