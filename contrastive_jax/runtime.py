@@ -44,10 +44,10 @@ def size_cpu_thread_pools(environ=os.environ) -> int | None:
   the last, which never gets a thread (XLA aborts after 40 s, "Termination
   timeout for `all gather ...`"). Measured on the 2-core CPU with 8 devices,
   a jitted psum (+ all-gather) dispatched in a loop (tests/test_runtime.py
-  holds such a program): deadlocked in all 5 runs at XLA's 8 threads (1 to
+  holds such a program): deadlocked in all 6 runs at XLA's 8 threads (1 to
   16 collectives per program) and in the one run each at 9 and 12 threads;
-  at 16 none of 5 runs did (3 of 3000 calls, 2 with 16 and 32 collectives
-  per program). The same signature as the hangs of the default job at batch
+  at 16 none of 6 runs did (1 to 32 collectives per program, 300 to 3000
+  calls). The same signature as the hangs of the default job at batch
   64 and of a study run (N - 1 devices in one all-gather, the abort after
   40 s). 2N threads give every device a thread in both launches; the
   default step ran no slower at 16 than at 8 (8 devices, alternated:
