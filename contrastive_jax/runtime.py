@@ -1,4 +1,5 @@
-"""Process start-up shared by the entry points: distributed JAX and the mesh.
+"""Process start-up shared by the entry points: XLA:CPU's thread pools,
+distributed JAX and the mesh.
 
 Launching on several hosts. Every process runs the same command. On clusters
 JAX detects by itself (Cloud TPU pods, SLURM, Open MPI), set
