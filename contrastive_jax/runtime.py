@@ -59,7 +59,8 @@ def size_cpu_thread_pools(environ=os.environ) -> int | None:
   the core count) to at least 2N: to max(2N, cores) if unset, and an
   inherited value below 2N (a parent process with fewer devices) too. It
   must run before jax starts its CPU backend: importing contrastive_jax
-  calls it.
+  calls it, and warns if a backend started first (then the pools keep
+  XLA's size).
 
   Returns:
     The thread count set, or None if nothing was changed.
@@ -75,7 +76,23 @@ def size_cpu_thread_pools(environ=os.environ) -> int | None:
            else os.cpu_count() or 1)
   threads = max(2 * devices, cores)
   environ['PJRT_NPROC'] = str(threads)
+  if environ is os.environ and _backend_started():
+    absl_logging.warning(
+        'jax started its CPU backend before contrastive_jax was imported, so '
+        'its thread pools have XLA\'s own size, with which collectives over '
+        '%d virtual devices can deadlock (contrastive_jax/runtime.py). Import '
+        'contrastive_jax before using jax, or set PJRT_NPROC=%d.',
+        devices, threads)
   return threads
+
+
+def _backend_started() -> bool:
+  """Whether jax has started a backend (a private jax API; False if gone)."""
+  try:
+    from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+    return xla_bridge.backends_are_initialized()
+  except (ImportError, AttributeError):
+    return False
 
 
 def initialize_distributed() -> None:

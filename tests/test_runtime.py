@@ -38,6 +38,20 @@ def test_pool_raised_not_lowered():
     assert 'PJRT_NPROC' not in env
 
 
+def test_warns_when_the_backend_started_first():
+  env = {k: v for k, v in os.environ.items() if k != 'PJRT_NPROC'}
+  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
+  proc = subprocess.run(
+      [sys.executable, '-c', 'import jax; jax.devices(); import contrastive_jax'],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert 'Import contrastive_jax before using jax' in proc.stderr
+  proc = subprocess.run(
+      [sys.executable, '-c', 'import contrastive_jax, jax; jax.devices()'],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert 'Import contrastive_jax before using jax' not in proc.stderr
+
+
 # A collective program dispatched again and again with no data dependency
 # between the calls: each device's part waits in the psum's rendezvous on a
 # thread of its own. With XLA:CPU's default pools (max(cores, devices)
