@@ -33,16 +33,14 @@ def main(argv):
     # TF only reads data here, so its oneDNN kernels do not matter.
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
     os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
-  # Imported here so that --help and flag errors return before jax and
-  # TensorFlow load.
+  # Imported here so that --help and flag errors return before jax loads.
+  # TensorFlow is imported only to build a TFDS dataset
+  # (input_pipeline/datasets.py, which keeps it off the accelerators).
   import jax  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from contrastive_jax import progress  # pylint: disable=g-import-not-at-top
   from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
   from contrastive_jax import train  # pylint: disable=g-import-not-at-top
 
-  # TensorFlow only reads data; keep it off any accelerator JAX uses.
-  tf.config.set_visible_devices([], 'GPU')
   # Several hosts: JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID
   # (see contrastive_jax/runtime.py); a no-op for a single process.
   runtime.initialize_distributed()

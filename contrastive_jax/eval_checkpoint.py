@@ -333,12 +333,6 @@ flags.DEFINE_integer('seed', 0, 'Seed of the diagnostic views.')
 def main(argv):
   del argv
   runtime.initialize_distributed()   # Same environment as main.py's.
-  # TF (used by the dataset loader) must not take a GPU from JAX.
-  try:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    tf.config.set_visible_devices([], 'GPU')
-  except ImportError:
-    pass
   results = evaluate_checkpoint(
       FLAGS.workdir, FLAGS.outdir, step=FLAGS.step,
       knn_ks=tuple(int(k) for k in FLAGS.knn_ks),

@@ -149,8 +149,8 @@ _HARMLESS_WARNINGS = ('OpenCV is not installed', 'read_only=True, setting',
 def quiet_library_logs() -> None:
   """Keeps the job's own INFO lines and every library's warnings and errors.
 
-  Orbax alone logs ~45 INFO lines per checkpoint save, and TFDS, XLA and
-  clu add more; a person needs the job's lines (main.py, contrastive_jax/,
+  Orbax alone logs ~45 INFO lines per checkpoint save, and TFDS and XLA add
+  more; a person needs the job's lines (main.py, contrastive_jax/,
   input_pipeline/). `--verbosity=1` shows everything again.
   """
   def own_or_important(record: logging.LogRecord) -> bool:

@@ -36,12 +36,12 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
-from clu import metric_writers
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import checkpointing
 from contrastive_jax import evaluate
+from contrastive_jax import event_writer
 from contrastive_jax.evaluators import diagnostics
 from contrastive_jax.evaluators import linear_eval
 from contrastive_jax import losses
@@ -585,11 +585,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
           jax.random.fold_in(aug_rng, step), images, views_cfg),
       in_shardings=(replicated, data_sharding), out_shardings=data_sharding)
 
-  # TensorBoard events from process 0 only. No clu LoggingWriter: the loop
-  # logs one line per interval itself, which would otherwise appear twice.
-  writer = (metric_writers.AsyncMultiWriter(
-      [metric_writers.SummaryWriter(workdir)]) if jax.process_index() == 0
-            else metric_writers.MultiWriter([]))
+  # TensorBoard events from process 0 only.
+  writer = event_writer.EventWriter(workdir if jax.process_index() == 0
+                                    else None)
   start = int(state.step)
   # Entries past the restored step belong to steps that will be redone.
   history = [h for h in _load_history(workdir) if h['step'] <= start]
@@ -692,7 +690,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         results.setdefault(k, v)
   writer.write_scalars(total_steps, {k: v for k, v in results.items()
                                      if isinstance(v, float)})
-  writer.flush()
+  writer.close()
   if jax.process_index() == 0:
     _write_json(os.path.join(workdir, 'results.json'), results)
     t_plot = time.time()

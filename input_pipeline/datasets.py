@@ -114,6 +114,15 @@ def _debian_files_present(source_dir: str | os.PathLike) -> bool:
              for n in _FASHION_MNIST_MTIME)
 
 
+def _tensorflow_on_cpu_only() -> None:
+  """Hides the GPUs from TensorFlow before it first runs (a no-op after)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    tf.config.set_visible_devices([], 'GPU')
+  except RuntimeError:   # TensorFlow already initialised its devices.
+    pass
+
+
 def get_builder(name: str, data_dir: str | None = None, *,
                 fashion_mnist_source: str | os.PathLike = (
                     DEBIAN_FASHION_MNIST_DIR)):
@@ -144,6 +153,9 @@ def get_builder(name: str, data_dir: str | None = None, *,
           f'{name} --file_format={FILE_FORMAT}`).')
     return builder
 
+  # Building runs TensorFlow (nothing else in a run imports it): keep it off
+  # the GPUs, whose memory JAX holds.
+  _tensorflow_on_cpu_only()
   if name == 'fashion_mnist' and _debian_files_present(fashion_mnist_source):
     # Several processes may start at once (test workers, a notebook next to a
     # run): one builds, the others wait and find it prepared.

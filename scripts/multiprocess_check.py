@@ -206,6 +206,15 @@ def main() -> int:
   t0 = time.time()
   ok = True
   with tempfile.TemporaryDirectory() as tmp:
+    # One persistent compilation cache for the check's runs: the four 2 x 4
+    # JPEG launches compile the same programs. A cached executable is the
+    # compiled program itself, so results (bit-identical resume included) do
+    # not depend on it; an entry two processes write at once is, at worst,
+    # unreadable, and JAX then warns and compiles.
+    os.environ.update(
+        JAX_COMPILATION_CACHE_DIR=os.path.join(tmp, 'compile_cache'),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
     folder = os.path.join(tmp, 'jpeg')
     make_jpeg_folder(folder)
     jpeg = JPEG + [f'--config.dataset.data_dir={folder}']

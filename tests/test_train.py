@@ -51,9 +51,42 @@ def test_run_writes_results_plot_events_and_checkpoints(full_run):
   assert results['steps'] == 8
   assert np.isfinite(results['final_loss'])
   assert os.path.getsize(os.path.join(workdir, 'summary.png')) > 1000
-  assert any(f.startswith('events.out.tfevents') for f in os.listdir(workdir))
   with open(os.path.join(workdir, 'history.json')) as f:
-    assert [h['step'] for h in json.load(f)] == [2, 4, 6, 8]
+    history = json.load(f)
+  assert [h['step'] for h in history] == [2, 4, 6, 8]
+
+  # TensorBoard's own reader finds in the event file every logged scalar of
+  # history.json at its step, and the results' floats at the last step.
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  events = [f for f in os.listdir(workdir) if f.startswith('events.out.tfevents')]
+  assert len(events) == 1, events
+  acc = event_accumulator.EventAccumulator(os.path.join(workdir, events[0]))
+  acc.Reload()
+  scalars = {tag: {e.step: e.value for e in acc.Scalars(tag)}
+             for tag in acc.Tags()['scalars']}
+  floats = {k: v for k, v in results.items() if isinstance(v, float)}
+  assert 'final_loss' in floats and 'trained/linear_top1' in floats
+  for h in history:
+    for tag, value in h.items():
+      if tag != 'step':
+        if h['step'] == 8:    # Written again with the results (the median).
+          value = floats.get(tag, value)
+        assert scalars[tag][h['step']] == pytest.approx(value, rel=1e-6), tag
+  for tag, value in floats.items():
+    assert scalars[tag][8] == pytest.approx(value, rel=1e-6), tag
+
+
+def test_a_run_never_imports_tensorflow():
+  # TensorFlow (~9 s of CPU to import) is for building TFDS datasets only:
+  # main.py's modules, the pipeline and the TensorBoard writer do without it.
+  code = ('import sys, main; from contrastive_jax import train, '
+          'evaluate; from input_pipeline import pipeline, sources; '
+          'print(sorted(m for m in sys.modules if m == "tensorflow" or '
+          'm.startswith(("tensorflow.", "keras"))))')
+  out = subprocess.run([sys.executable, '-c', code], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.strip() == '[]', out.stdout[-500:]
 
 
 def test_training_learns_the_synthetic_classes(full_run):
