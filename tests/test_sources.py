@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
+from ml_collections import config_dict
 from jax.sharding import PartitionSpec as P
 from PIL import Image
 
@@ -137,6 +138,50 @@ def test_tfds_source_reads_fashion_mnist_like_the_raw_idx_files():
   for img, lab in zip(got['image'][..., 0], got['label']):
     assert by_pixels[img.tobytes()] == lab
   assert len({img.tobytes() for img in got['image']}) == 64
+
+
+def test_in_memory_tfds_split_is_decoded_once_and_read_back_equal():
+  # A split no other test uses. The first open decodes it and writes the
+  # arrays; the next opens read the file; a file that does not match the
+  # split is decoded anew.
+  split = 'test[64:192]'
+  dc = config_dict.ConfigDict(dict(name='fashion_mnist', data_dir=None,
+                                   image_size=None, in_memory=True))
+  src = sources.TfdsSource('fashion_mnist', split, data_dir=None,
+                           image_size=None)
+  path = src.decoded_path
+  if os.path.exists(path):
+    os.remove(path)
+  direct = src.read(np.arange(len(src)))     # Decoded record by record.
+
+  def check_equal(data):
+    np.testing.assert_array_equal(data.images, direct['image'])
+    np.testing.assert_array_equal(data.labels, direct['label'])
+
+  try:
+    check_equal(sources.open_split(dc, split))
+    assert os.path.exists(path)
+    # The next open returns what the file holds: mark one image in it.
+    with np.load(path) as f:
+      image, label = f['image'].copy(), f['label']
+    image[0] = 255 - image[0]
+    with open(path, 'wb') as f:
+      np.savez(f, image=image, label=label)
+    again = sources.open_split(dc, split)
+    np.testing.assert_array_equal(again.images[0], 255 - direct['image'][0])
+    np.testing.assert_array_equal(again.images[1:], direct['image'][1:])
+    # Too few rows, or not an .npz at all: decoded anew (and rewritten).
+    with open(path, 'wb') as f:
+      np.savez(f, image=image[:10], label=label[:10])
+    check_equal(sources.open_split(dc, split))
+    with np.load(path) as f:
+      assert len(f['label']) == len(src)
+    with open(path, 'wb') as f:
+      f.write(b'half a file')
+    check_equal(sources.open_split(dc, split))
+  finally:
+    if os.path.exists(path):
+      os.remove(path)
 
 
 @pytest.mark.parametrize('scale,words', [
