@@ -1,9 +1,9 @@
 """TensorBoard scalars, written without importing TensorFlow.
 
 clu's metric writers import TensorFlow with their package (`clu.metric_writers`
-imports its TF summary writer): ~9 s of CPU at the start of every main.py
-process and notebook kernel (measured on the 2-core CPU: `import
-contrastive_jax.train` 10.0 s with it, 1.5 s without), for a run that
+imports its TF summary writer): ~7 s at the start of every main.py process
+and notebook kernel (`benchmarks/startup.py` on the 2-core CPU: main.py's
+imports 2.4 s, 9.1 s with TensorFlow), for a run that
 otherwise never loads TensorFlow (TFDS reads ArrayRecord files with numpy and
 PIL; TensorFlow is loaded only to build a dataset). The event files here are
 TensorBoard's own format, written by TensorBoard's record writer and protos:
@@ -56,10 +56,6 @@ class EventWriter:
     self._write(event_pb2.Event(step=int(step), summary=summary_pb2.Summary(
         value=[summary_pb2.Summary.Value(tag=tag, simple_value=float(value))
                for tag, value in scalars.items()])))
-
-  def flush(self) -> None:
-    if self._file is not None:
-      self._file.flush()
 
   def close(self) -> None:
     if self._file is not None:

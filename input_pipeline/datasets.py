@@ -115,7 +115,9 @@ def _debian_files_present(source_dir: str | os.PathLike) -> bool:
 
 
 def _tensorflow_on_cpu_only() -> None:
-  """Hides the GPUs from TensorFlow before it first runs (a no-op after)."""
+  """Hides the GPUs, whose memory JAX holds, from TensorFlow before it first
+  runs (a no-op after). Called just before a TFDS build, the only thing in a
+  run that imports TensorFlow, so that failing fast imports none of it."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   try:
     tf.config.set_visible_devices([], 'GPU')
@@ -153,9 +155,6 @@ def get_builder(name: str, data_dir: str | None = None, *,
           f'{name} --file_format={FILE_FORMAT}`).')
     return builder
 
-  # Building runs TensorFlow (nothing else in a run imports it): keep it off
-  # the GPUs, whose memory JAX holds.
-  _tensorflow_on_cpu_only()
   if name == 'fashion_mnist' and _debian_files_present(fashion_mnist_source):
     # Several processes may start at once (test workers, a notebook next to a
     # run): one builds, the others wait and find it prepared.
@@ -168,6 +167,7 @@ def get_builder(name: str, data_dir: str | None = None, *,
       manual_dir = pathlib.Path(builder.data_dir_root) / 'manual' / name
       prepare_fashion_mnist_manual_dir(manual_dir, fashion_mnist_source)
       logging.info('Building %s offline from %s', name, fashion_mnist_source)
+      _tensorflow_on_cpu_only()
       builder.download_and_prepare(
           download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
     return builder
@@ -185,6 +185,7 @@ def get_builder(name: str, data_dir: str | None = None, *,
   # failing; name resolution fails at once when there is no network.
   if not _network_available():
     raise unavailable('no network (DNS lookup failed)')
+  _tensorflow_on_cpu_only()
   try:
     builder.download_and_prepare()
   except Exception as e:  # pylint: disable=broad-except

@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
-from ml_collections import config_dict
 from jax.sharding import PartitionSpec as P
+from ml_collections import config_dict
 from PIL import Image
 
 from input_pipeline import datasets

@@ -76,7 +76,7 @@ def test_run_writes_results_plot_events_and_checkpoints(full_run):
     assert scalars[tag][8] == pytest.approx(value, rel=1e-6), tag
 
 
-def test_a_run_never_imports_tensorflow():
+def test_main_and_the_modules_of_a_run_import_without_tensorflow():
   # TensorFlow (~9 s of CPU to import) is for building TFDS datasets only:
   # main.py's modules, the pipeline and the TensorBoard writer do without it.
   code = ('import sys, main; from contrastive_jax import train, '
