@@ -120,6 +120,14 @@ def extract_features(feature_fn, variables, source, mesh, batch_size: int,
   return _stack_rows(rows, tuple(xs), tuple(labels), tuple(masks))
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _first_rows(features: Features, n: int, replicated):
+  take = jnp.argsort(features.index)[:n]
+  return jax.lax.with_sharding_constraint(
+      (features.x[take], features.label[take], features.mask[take]),
+      replicated)
+
+
 def first_rows(features: Features, n: int) -> tuple[np.ndarray, np.ndarray]:
   """The split's first `n` real examples (x [n, F], labels [n]) in its own
   order, on every host, as numpy.
@@ -128,14 +136,8 @@ def first_rows(features: Features, n: int) -> tuple[np.ndarray, np.ndarray]:
   this works when no process holds the whole sharded array (multi-host).
   """
   n = min(n, features.x.shape[0])
-
-  def rows(f):
-    take = jnp.argsort(f.index)[:n]
-    return f.x[take], f.label[take], f.mask[take]
-
-  take = jax.jit(rows,
-                 out_shardings=NamedSharding(features.x.sharding.mesh, P()))
-  x, label, mask = jax.device_get(take(features))
+  replicated = NamedSharding(features.x.sharding.mesh, P())
+  x, label, mask = jax.device_get(_first_rows(features, n, replicated))
   return x[mask], label[mask]
 
 

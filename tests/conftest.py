@@ -6,18 +6,25 @@ here, in the first file pytest imports.
 import os
 
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
-# JAX's persistent compilation cache, one directory per test process (each
-# xdist worker), inherited by the main.py runs and notebook kernels the tests
-# start: the many runs of the same small configs load the programs compiled
-# once. It changes what is compiled, never a result. Never shared between
-# workers: without the optional filelock package the cache's writes are not
-# atomic; sub-processes one test starts at the same time could still race
-# (a reader seeing a half-written entry), and JAX then warns and compiles
-# (jax_raise_persistent_cache_errors is off), so a result never depends on it.
+# JAX's persistent compilation cache: one directory per pytest run, made by
+# the first process that imports this file (pytest itself; its xdist workers
+# inherit the variable, and so do the main.py runs and notebook kernels the
+# tests start): the many runs of the same small configs load the programs
+# compiled once. It changes what is compiled, never a result. Its writes are
+# not atomic (JAX locks them only with the optional filelock package and a
+# size limit): a process reading an entry another is still writing gets an
+# error, which JAX turns into a warning and a compilation
+# (jax_raise_persistent_cache_errors is off). The process that made the
+# directory removes it when it exits (tens of MB a run, which piled up in
+# /tmp before).
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  import atexit  # noqa: E402
+  import shutil  # noqa: E402
   import tempfile  # noqa: E402
   os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(
       prefix='contrastive_jax_compile_cache_')
+  atexit.register(shutil.rmtree, os.environ['JAX_COMPILATION_CACHE_DIR'],
+                  ignore_errors=True)
   os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
   os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')

@@ -59,3 +59,46 @@ def test_first_rows_are_the_splits_first_examples_in_order():
     np.testing.assert_array_equal(np.rint(x * 255),
                                   data.images[:want].reshape(want, -1))
     np.testing.assert_array_equal(label, data.labels[:want])
+
+
+def test_a_second_evaluation_of_the_same_shapes_builds_no_program():
+  """The end-of-run evaluation compiles its programs (features, kNN, probe,
+  the embedding rows) once per feature shape: scoring other data of the same
+  shapes (the random-init encoder after the trained one; every online kNN)
+  builds no XLA program, not even a cached one (counted with JAX's compile
+  event, which fires on persistent-cache hits too)."""
+  from configs import test as test_config
+  mesh = runtime.create_mesh()
+  config = test_config.get_config()
+  config.eval.batch_size = BATCH
+  config.eval.linear_max_iter = 5
+  config.eval.embedding_points = 8
+  rng = np.random.default_rng(1)
+
+  def splits():
+    make = lambda n: pipeline.ArrayDataset(
+        rng.integers(0, 256, (n, 4, 4, 1), dtype=np.uint8),
+        rng.integers(0, 5, n).astype(np.int32))
+    return make(NUM), make(NUM - 5)
+
+  built = []
+
+  def listener(event, duration, **_):
+    if event == '/jax/core/compile/backend_compile_duration':
+      built.append(duration)
+
+  feature_fn = evaluate.make_feature_fn(None, mesh)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    first, _ = evaluate.evaluate_all(config, feature_fn, {}, *splits(), mesh)
+    programs_first = len(built)
+    second, emb = evaluate.evaluate_all(config, feature_fn, {}, *splits(),
+                                        mesh)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert programs_first > 0               # the listener sees compilations
+  assert len(built) == programs_first     # and the second call made none
+  assert first['raw_pixels/linear_top1'] != second['raw_pixels/linear_top1'] \
+      or first['raw_pixels/knn_weighted_top1@5'] != second[
+          'raw_pixels/knn_weighted_top1@5']   # other data, really scored
+  assert emb['raw_pixels'][0].shape == (8, 16)

@@ -26,10 +26,18 @@ import scipy.linalg
 from contrastive_jax.losses.common import l2_normalize
 
 
-def _prepare(x, normalize: bool) -> jax.Array:
-  """[N, D] float32 features, L2-normalised per row if asked."""
-  x = jnp.asarray(x, jnp.float32)
-  return l2_normalize(x) if normalize else x
+@functools.partial(jax.jit, static_argnames=('normalize',))
+def _inputs(train_x, train_y, train_mask, test_x, test_y, test_mask, *,
+            normalize: bool):
+  """The probe's arrays, in one program: features float32 [N, D] / [M, D]
+  (L2-normalised per row if asked), labels int32, masks float32 (1 for real
+  rows). Each keeps its input's sharding."""
+  def features(x):
+    x = jnp.asarray(x, jnp.float32)
+    return l2_normalize(x) if normalize else x
+  return (features(train_x), train_y.astype(jnp.int32),
+          train_mask.astype(jnp.float32), features(test_x),
+          test_y.astype(jnp.int32), test_mask.astype(jnp.float32))
 
 
 def _topk_accuracy(logits: jax.Array, labels: jax.Array, k: int,
@@ -175,21 +183,52 @@ def _lbfgs_step(objective):
   return step
 
 
+def _progress(state):
+  """(iterations, ||grad||) of an optax L-BFGS state."""
+  return (optax.tree.get(state, 'count'),
+          optax.tree.norm(optax.tree.get(state, 'grad')))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _initial_carry(num_classes: int, d: int):
+  """(U = 0, L-BFGS state): U_w^T [C, D] and U_b [C].
+
+  optax's initial state holds weakly typed scalars, which one iteration
+  turns strong: made strong here, so that every chunk of `_fit_logistic`
+  shares one compilation of `_lbfgs_until`.
+  """
+  params = {'w': jnp.zeros((num_classes, d), jnp.float32),
+            'b': jnp.zeros((num_classes,), jnp.float32)}
+  return jax.tree.map(lambda a: a.astype(a.dtype),
+                      (params, optax.lbfgs().init(params)))
+
+
 @jax.jit
 def _lbfgs_until(carry, x, y, mask, l2, mu, precond, tol, until):
   """L-BFGS iterations from `carry` until `until` in all or ||grad|| < tol.
 
   `until` is traced: the chunks of one fit share one compilation. The
   gradient is in U (the preconditioned parameters).
+
+  Returns:
+    (carry, (iterations so far, ||grad_U||)).
   """
   def not_done(carry):
-    _, state = carry
-    count = optax.tree.get(state, 'count')
-    grad_norm = optax.tree.norm(optax.tree.get(state, 'grad'))
+    count, grad_norm = _progress(carry[1])
     return (count == 0) | ((count < until) & (grad_norm >= tol))
 
   step = _lbfgs_step(_objective(x, y, mask, l2, mu, precond))
-  return jax.lax.while_loop(not_done, step, carry)
+  carry = jax.lax.while_loop(not_done, step, carry)
+  return carry, _progress(carry[1])
+
+
+@jax.jit
+def _solution(carry, mu, precond):
+  """The probe {'w': [D, C], 'b': [C]} and its final objective from the
+  solver's carry (`_weights`)."""
+  u, state = carry
+  wt, b = _weights(u, mu, precond)
+  return {'w': wt.T, 'b': b}, optax.tree.get(state, 'value')
 
 
 def _fit_logistic(x, y, mask, l2, tol, *, num_classes, max_iter,
@@ -204,42 +243,28 @@ def _fit_logistic(x, y, mask, l2, tol, *, num_classes, max_iter,
     (params {'w': [D, C], 'b': [C]}, final objective, iterations, ||grad_U||).
   """
   d = x.shape[1]
+  l2, tol = np.float32(l2), np.float32(tol)   # The objective's float32 values.
   if precondition:
     mu, precond = _preconditioner(x, mask, float(l2), num_classes=num_classes)
   else:
-    mu, precond = jnp.zeros((d,), jnp.float32), jnp.eye(d, dtype=jnp.float32)
-  params = {'w': jnp.zeros((num_classes, d), jnp.float32),   # U_w^T
-            'b': jnp.zeros((num_classes,), jnp.float32)}
-  # optax's initial state holds weakly typed scalars, which one iteration
-  # turns strong, and a chunk returns its carry replicated on x's mesh: made
-  # strong and placed so here, every chunk shares one compilation.
-  carry = jax.tree.map(lambda a: a.astype(a.dtype),
-                       (params, optax.lbfgs().init(params)))
+    mu, precond = np.zeros((d,), np.float32), np.eye(d, dtype=np.float32)
+  carry = _initial_carry(num_classes, d)
+  # A chunk returns its carry replicated on x's mesh: placed so here, the
+  # first chunk shares the others' compilation.
   if (replicated := _replicated(x)) is not None:
-    carry = jax.device_put(carry, replicated)
+    carry, mu, precond = jax.device_put((carry, mu, precond), replicated)
   chunk = max(1, -(-max_iter // 10))
   for until in range(chunk, max_iter + chunk, chunk):
     until = min(until, max_iter)
-    carry = _lbfgs_until(carry, x, y, mask, l2, mu, precond, tol,
-                         jnp.int32(until))
-    count, grad_norm = jax.device_get(
-        (optax.tree.get(carry[1], 'count'),
-         optax.tree.norm(optax.tree.get(carry[1], 'grad'))))
+    carry, (count, grad_norm) = _lbfgs_until(
+        carry, x, y, mask, l2, mu, precond, tol, np.int32(until))
+    count, grad_norm = jax.device_get((count, grad_norm))
     if on_progress is not None:
       on_progress(int(count), max_iter)
     if count < until or grad_norm < tol:   # Converged before the cap.
       break
-  u, state = carry
-  wt, b = _weights(u, mu, precond)
-  params = {'w': wt.T, 'b': b}
-  return (params, optax.tree.get(state, 'value'),
-          optax.tree.get(state, 'count'),
-          optax.tree.norm(optax.tree.get(state, 'grad')))
-
-
-def _mask(mask, n: int) -> jax.Array:
-  return jnp.ones((n,), jnp.float32) if mask is None else jnp.asarray(
-      mask, jnp.float32)
+  params, value = _solution(carry, mu, precond)
+  return params, value, count, grad_norm
 
 
 @jax.jit
@@ -292,16 +317,17 @@ def logistic_regression(train_x, train_y, test_x, test_y, *, num_classes: int,
   """
   _check_xy(train_x, train_y, 'train')
   _check_xy(test_x, test_y, 'test')
-  x = _prepare(train_x, normalize)
-  y = jnp.asarray(train_y, jnp.int32)
-  train_mask = _mask(train_mask, np.shape(train_y)[0])
-  test_mask = _mask(test_mask, np.shape(test_y)[0])
+  # Host arrays stay numpy (not jnp: an eager op is one more program).
+  host = lambda a: a if isinstance(a, jax.Array) else np.asarray(a)
+  mask = lambda m, y: (np.ones((np.shape(y)[0],), np.float32) if m is None
+                       else host(m))
+  x, y, train_mask, tx, ty, test_mask = _inputs(
+      host(train_x), host(train_y), mask(train_mask, train_y), host(test_x),
+      host(test_y), mask(test_mask, test_y), normalize=bool(normalize))
   params, value, count, grad_norm = _fit_logistic(
-      x, y, train_mask, jnp.float32(l2), jnp.float32(tol),
-      num_classes=int(num_classes), max_iter=int(max_iter),
-      precondition=precondition, on_progress=on_progress)
-  tx = _prepare(test_x, normalize)
-  ty = jnp.asarray(test_y, jnp.int32)
+      x, y, train_mask, l2, tol, num_classes=int(num_classes),
+      max_iter=int(max_iter), precondition=precondition,
+      on_progress=on_progress)
   top1, top5, train_top1 = _probe_accuracies(params, x, y, train_mask, tx, ty,
                                              test_mask)
   return {
