@@ -25,8 +25,8 @@ It runs on its own too (it was the default job until the validation search):
 Expected, from the study (`python -m benchmarks.reproduce`; all figures in
 benchmarks/REPORT.md): % on the test split, mean +- std over the seeds
 finished (of 3), then n seeds and steps x batch size:
-  regular data           kNN 82.08 +- 0.07 linear 87.79 +- 0.13 n=2, 390x256
-  batch 64               kNN 82.59 +- 0.23 linear 87.87 +- 0.22 n=2, 1560x64
+  regular data           kNN 82.27 +- 0.34 linear 87.81 +- 0.10 n=3, 390x256
+  batch 64               kNN 82.77 +- 0.34 linear 87.83 +- 0.17 n=3, 1560x64
 Seed 0 of the first line, on the 50,000 training images the validation
 holdout leaves (8 virtual CPU devices):
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \

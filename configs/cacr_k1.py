@@ -8,9 +8,9 @@ Command (from the repository root, 8 virtual CPU devices):
 Expected, from the study (`python -m benchmarks.reproduce`; all figures in
 benchmarks/REPORT.md): % on the test split, mean +- std over the seeds
 finished (of 3), then n seeds and steps x batch size:
-  regular data           kNN 81.82 +- 0.13 linear 87.90 +- 0.04 n=2, 390x256
-  linear-imbalanced      kNN 75.11 +- 0.05 linear 84.58 +- 0.04 n=2, 390x256
-  exponential-imbalanced kNN 36.49 +- 0.12 linear 51.05 +- 0.13 n=2, 390x256
+  regular data           kNN 82.11 +- 0.52 linear 87.87 +- 0.06 n=3, 390x256
+  linear-imbalanced      kNN 75.45 +- 0.59 linear 84.52 +- 0.12 n=3, 390x256
+  exponential-imbalanced kNN 36.39 +- 0.21 linear 51.16 +- 0.21 n=3, 390x256
 Seed 0 of the first line, on the 50,000 training images the validation
 holdout leaves (8 virtual CPU devices):
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \

@@ -8,7 +8,7 @@ Command (from the repository root, 8 virtual CPU devices):
 Expected, from the study (`python -m benchmarks.reproduce`; all figures in
 benchmarks/REPORT.md): % on the test split, mean +- std over the seeds
 finished (of 3), then n seeds and steps x batch size:
-  regular data           kNN 79.91 +- 0.44 linear 86.07 +- 0.12 n=2, 390x256
+  regular data           kNN 79.76 +- 0.40 linear 85.98 +- 0.17 n=3, 390x256
 Seed 0 of the first line, on the 50,000 training images the validation
 holdout leaves (8 virtual CPU devices):
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \

@@ -8,8 +8,8 @@ Command (from the repository root, 8 virtual CPU devices):
 Expected, from the study (`python -m benchmarks.reproduce`; all figures in
 benchmarks/REPORT.md): % on the test split, mean +- std over the seeds
 finished (of 3), then n seeds and steps x batch size:
-  regular data           kNN 81.67 +- 0.21 linear 87.44 +- 0.02 n=2, 390x256
-  batch 64               kNN 82.20 +- 0.35 linear 87.73 +- 0.16 n=2, 1560x64
+  regular data           kNN 81.90 +- 0.43 linear 87.48 +- 0.06 n=3, 390x256
+  batch 64               kNN 82.34 +- 0.35 linear 87.79 +- 0.17 n=3, 1560x64
 Seed 0 of the first line, on the 50,000 training images the validation
 holdout leaves (8 virtual CPU devices):
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \

@@ -8,9 +8,9 @@ Command (from the repository root, 8 virtual CPU devices):
 Expected, from the study (`python -m benchmarks.reproduce`; all figures in
 benchmarks/REPORT.md): % on the test split, mean +- std over the seeds
 finished (of 3), then n seeds and steps x batch size:
-  regular data           kNN 81.30 +- 0.04 linear 87.59 +- 0.11 n=2, 390x256
-  linear-imbalanced      kNN 74.38 +- 0.06 linear 84.26 +- 0.35 n=2, 390x256
-  exponential-imbalanced kNN 36.16 +- 0.13 linear 50.41 +- 0.15 n=2, 390x256
+  regular data           kNN 81.60 +- 0.53 linear 87.59 +- 0.08 n=3, 390x256
+  linear-imbalanced      kNN 74.74 +- 0.61 linear 84.28 +- 0.25 n=3, 390x256
+  exponential-imbalanced kNN 36.18 +- 0.09 linear 50.48 +- 0.17 n=3, 390x256
 Seed 0 of the first line, on the 50,000 training images the validation
 holdout leaves (8 virtual CPU devices):
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \
