@@ -7,6 +7,8 @@ from contrastive_jax import evaluate
 from contrastive_jax import runtime
 from input_pipeline import pipeline
 
+import compilations
+
 NUM, BATCH = 37, 16        # three eval batches, the last with 11 padding rows
 
 
@@ -65,8 +67,7 @@ def test_a_second_evaluation_of_the_same_shapes_builds_no_program():
   """The end-of-run evaluation compiles its programs (features, kNN, probe,
   the embedding rows) once per feature shape: scoring other data of the same
   shapes (the random-init encoder after the trained one; every online kNN)
-  builds no XLA program, not even a cached one (counted with JAX's compile
-  event, which fires on persistent-cache hits too)."""
+  builds no XLA program, not even one from the persistent cache."""
   from configs import test as test_config
   mesh = runtime.create_mesh()
   config = test_config.get_config()
@@ -81,21 +82,12 @@ def test_a_second_evaluation_of_the_same_shapes_builds_no_program():
         rng.integers(0, 5, n).astype(np.int32))
     return make(NUM), make(NUM - 5)
 
-  built = []
-
-  def listener(event, duration, **_):
-    if event == '/jax/core/compile/backend_compile_duration':
-      built.append(duration)
-
   feature_fn = evaluate.make_feature_fn(None, mesh)
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  try:
+  with compilations.programs_built() as built:
     first, _ = evaluate.evaluate_all(config, feature_fn, {}, *splits(), mesh)
     programs_first = len(built)
     second, emb = evaluate.evaluate_all(config, feature_fn, {}, *splits(),
                                         mesh)
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
   assert programs_first > 0               # the listener sees compilations
   assert len(built) == programs_first     # and the second call made none
   assert first['raw_pixels/linear_top1'] != second['raw_pixels/linear_top1'] \

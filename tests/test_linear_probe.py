@@ -8,6 +8,8 @@ from sklearn.linear_model import LogisticRegression
 
 from contrastive_jax.evaluators import linear_probe
 
+import compilations
+
 
 def gaussian_mixture(seed, n, dim=20, num_classes=8, spread=2.2):
   """Overlapping, anisotropic classes: linear accuracy well below 100%."""
@@ -201,9 +203,8 @@ def test_preconditioning_reaches_the_optimum_in_fewer_iterations():
 def test_a_probe_on_new_shapes_builds_six_programs():
   """Inputs, moments, initial state, the L-BFGS loop, the solution and the
   accuracies: each one jitted program, and no eager op around them (on 8
-  devices each eager op was a program of its own: 48 in all, ~2.5 s of
-  compilation per feature width before the loop ran). Counted with JAX's
-  compile event, which fires on persistent-cache hits too."""
+  devices each eager op was a program of its own: 51 in all, ~2.5 s of
+  compilation per feature width before the loop ran)."""
   import jax
   from contrastive_jax import runtime
   rows = jax.sharding.NamedSharding(runtime.create_mesh(),
@@ -211,15 +212,6 @@ def test_a_probe_on_new_shapes_builds_six_programs():
   x, y = gaussian_mixture(4, 512)
   x = np.concatenate([x, x[:, :7]], axis=1)     # a width no test used
   args = [jax.device_put(a, rows) for a in (x, y, x[:64], y[:64])]
-  built = []
-
-  def listener(event, duration, **_):
-    if event == '/jax/core/compile/backend_compile_duration':
-      built.append(duration)
-
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  try:
+  with compilations.programs_built() as built:
     linear_probe.logistic_regression(*args, num_classes=8, max_iter=4)
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
   assert len(built) <= 6
