@@ -122,6 +122,7 @@ def extract_features(feature_fn, variables, source, mesh, batch_size: int,
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _first_rows(features: Features, n: int, replicated):
+  """(x, label, mask) of the rows of index < n, in index order, replicated."""
   take = jnp.argsort(features.index)[:n]
   return jax.lax.with_sharding_constraint(
       (features.x[take], features.label[take], features.mask[take]),
