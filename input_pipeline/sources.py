@@ -106,6 +106,11 @@ class _ThreadedReader:
     return {'image': np.stack([p[0] for p in pairs]),
             'label': np.asarray([p[1] for p in pairs], np.int32)}
 
+  def read_all(self):
+    """The whole split in memory, a `pipeline.ArrayDataset`."""
+    from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
+    return pipeline.ArrayDataset.from_source(self)
+
 
 class ImageFolder(_ThreadedReader):
   """`root/<split>/<class>/<file>` images, as TFDS's ImageFolder lays them out.
@@ -210,7 +215,7 @@ class TfdsSource(_ThreadedReader):
     """
     from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
     if self.decoded_path is None:
-      return pipeline.ArrayDataset.from_source(self)
+      return super().read_all()
     try:
       with np.load(self.decoded_path) as f:
         data = pipeline.ArrayDataset(f['image'], f['label'])
@@ -218,7 +223,7 @@ class TfdsSource(_ThreadedReader):
         return data
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):
       pass   # Absent or unreadable: decode.
-    data = pipeline.ArrayDataset.from_source(self)
+    data = super().read_all()
     tmp = f'{self.decoded_path}.{os.getpid()}.tmp'
     try:
       os.makedirs(os.path.dirname(self.decoded_path), exist_ok=True)
@@ -249,7 +254,6 @@ def open_split(dataset_config, split: str):
   `in_memory`, the split is read once into an `ArrayDataset` (a TFDS split
   decoded once per machine, `TfdsSource.read_all`).
   """
-  from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
   dc = dataset_config
   if dc.name == 'image_folder':
     if not dc.data_dir:
@@ -263,8 +267,4 @@ def open_split(dataset_config, split: str):
   else:
     source = TfdsSource(dc.name, split, data_dir=dc.data_dir,
                         image_size=dc.image_size)
-  if not dc.in_memory:
-    return source
-  if isinstance(source, TfdsSource):
-    return source.read_all()
-  return pipeline.ArrayDataset.from_source(source)
+  return source.read_all() if dc.in_memory else source
