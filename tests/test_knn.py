@@ -1,5 +1,7 @@
 """kNN evaluator against an independent float64 brute force, ties included."""
 
+import re
+
 import jax
 from jax.sharding import AxisType
 from jax.sharding import NamedSharding
@@ -236,6 +238,21 @@ def test_top_k_is_not_lowered_to_a_full_sort(sharded, mesh8):
       query_chunk=64, normalize=True).compile().as_text()
   assert 'TopK' in compiled
   assert ' sort(' not in compiled
+
+
+def test_each_device_merges_and_votes_for_its_slice_of_the_queries(mesh8):
+  # Sharded bank, 64 queries a chunk on 8 devices: each device's local top-k
+  # covers the whole chunk ([64, 200] of its [64, 512] block), the merge of
+  # the 8 shards' candidates only its 8 queries ([8, 1600] -> [8, 200]),
+  # where every device used to merge all 64 ([64, 1600]).
+  compiled = knn._knn_predict.lower(
+      np.zeros((4096, 16), np.float32), np.zeros(4096, np.int32),
+      np.ones(4096, bool), np.zeros((256, 16), np.float32), 0.1,
+      num_classes=10, ks=(20, 200), mesh=mesh8, query_chunk=64,
+      normalize=True).compile().as_text()
+  topk = re.findall(r'\(f32\[(\d+),(\d+)\]\S*, s32\[\S+\) custom-call\(.*?'
+                    r'custom_call_target="TopK"', compiled)
+  assert sorted(topk) == [('64', '200'), ('8', '200')], topk
 
 
 def test_masked_bank_and_queries_equal_brute_force_on_the_real_rows(mesh8):

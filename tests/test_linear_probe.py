@@ -168,6 +168,34 @@ def test_sharded_features_compile_the_chunks_once():
   assert abs(got['loss'] - want['loss']) <= 1e-5 * abs(want['loss'])
 
 
+def test_on_a_mesh_each_device_multiplies_by_its_rows_of_the_preconditioner():
+  """W^T = U_w^T P^T [C, D] on the evaluation's mesh: each of the 8 devices
+  computes the C x D' / 8 columns of its rows of P (D = 20 padded to D' =
+  24: 3 rows each), and only those columns are gathered, never P (D x D).
+  Replicated, every device computed all of W^T; the loss equals the
+  one-device fit's (test_sharded_features_compile_the_chunks_once)."""
+  import re
+  import jax
+  from contrastive_jax import runtime
+  mesh = runtime.create_mesh()
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  n, d, c = 512, 20, 8
+  x, y, mask = (jax.device_put(a, rows) for a in (
+      np.ones((n, d), np.float32), np.zeros(n, np.int32),
+      np.ones(n, np.float32)))
+  carry, mu, precond = jax.device_put(
+      (linear_probe._initial_carry(c, d), np.zeros(d, np.float32),
+       np.eye(d, dtype=np.float32)), replicated)
+  hlo = linear_probe._lbfgs_until.lower(
+      carry, x, y, mask, np.float32(1e-3), mu, precond, np.float32(0.),
+      np.int32(5), layout=linear_probe._layout(x)).compile().as_text()
+  gathered = [np.prod([int(s) for s in shape.split(',')]) for shape in
+              re.findall(r'= f32\[([\d,]+)\]\S* all-gather\(', hlo)]
+  assert gathered and max(gathered) == c * 24, gathered
+  assert re.search(r'= f32\[8,3\]\S* dot\(', hlo)
+
+
 def test_preconditioning_reaches_the_optimum_in_fewer_iterations():
   """On anisotropic, uncentred features (per-dimension scales over 3
   decades, like a trained encoder's spectrum; overlapping classes), 40
