@@ -193,7 +193,7 @@ def _predict_local(bank, labels, valid, queries, temperature, *, axis, ks,
       # into, and the local top_k became a full sort, 20x slower.)
       vals = jax.lax.all_gather(vals, axis, axis=1, tiled=True)
       labs = jax.lax.all_gather(labs, axis, axis=1, tiled=True)
-      rows = vals.shape[0] // (vals.shape[1] // local_k)
+      rows = vals.shape[0] // jax.lax.axis_size(axis)
       start = jax.lax.axis_index(axis) * rows
       vals = jax.lax.dynamic_slice_in_dim(vals, start, rows)
       labs = jax.lax.dynamic_slice_in_dim(labs, start, rows)

@@ -307,12 +307,13 @@ def _fit_logistic(x, y, mask, l2, tol, *, num_classes, max_iter,
   # first chunk shares the others' compilation.
   if (replicated := _replicated(x)) is not None:
     carry, mu, precond = jax.device_put((carry, mu, precond), replicated)
+  layout = _layout(x)
   chunk = max(1, -(-max_iter // 10))
   for until in range(chunk, max_iter + chunk, chunk):
     until = min(until, max_iter)
     carry, (count, grad_norm) = _lbfgs_until(
         carry, x, y, mask, l2, mu, precond, tol, np.int32(until),
-        layout=_layout(x))
+        layout=layout)
     count, grad_norm = jax.device_get((count, grad_norm))
     if on_progress is not None:
       on_progress(int(count), max_iter)
