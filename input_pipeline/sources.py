@@ -19,6 +19,9 @@ of processes, with no iterator state. Three kinds:
   each read decodes only the requested records).
 * `ImageFolder`: `root/<split>/<class>/*.jpg|png` (TFDS ImageFolder's
   layout), classes in sorted order: custom data, and the tests' JPEG sets.
+* `read_npz`: `root/<split>.npz` holding `image` [M, H, W, C] uint8 and
+  `label` [M] int arrays, read whole into an `ArrayDataset`: data that is
+  already arrays, and hosts without TensorFlow (TFDS needs it to build).
 
 Images of varying size (JPEG sources) are decoded on the host, their shorter
 side resized to `image_size` and centre-cropped to a square, so batches stack;
@@ -245,16 +248,68 @@ class TfdsSource(_ThreadedReader):
              int(ex['label'])) for ex in self._source.__getitems__(indices)]
 
 
+_SLICE = re.compile(r'^([A-Za-z0-9_-]+)(?:\[(-?\d*):(-?\d*)\])?$')
+
+
+def read_npz(root: str | os.PathLike, split: str):
+  """`root/<name>.npz` as a `pipeline.ArrayDataset`; `split` is `name` or
+  `name[a:b]` (integer bounds, TFDS's slice syntax), e.g. 'train[:2048]'.
+
+  Write one with `np.savez(path, image=images, label=labels)` (images
+  [M, H, W, C] uint8, labels [M] int; `savez_compressed` to ship it smaller).
+  """
+  from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
+  match = _SLICE.match(split)
+  if match is None:
+    raise ValueError(f'npz split {split!r}: name a file of '
+                     f'{str(root)!r} without ".npz", optionally sliced as '
+                     "'name[a:b]' with integer bounds, e.g. 'train[:2048]'.")
+  name, start, stop = match.groups()
+  path = pathlib.Path(root) / f'{name}.npz'
+  if not path.is_file():
+    have = sorted(p.stem for p in pathlib.Path(root).glob('*.npz'))
+    raise FileNotFoundError(f'npz split {str(path)!r} does not exist (splits '
+                            f'there: {", ".join(have) or "none"}).')
+  with np.load(path) as f:
+    if not {'image', 'label'} <= set(f.files):
+      raise ValueError(f'{path} holds {f.files}; it needs the arrays "image" '
+                       '[M, H, W, C] uint8 and "label" [M] int.')
+    images, labels = f['image'], f['label']
+  if images.ndim == 3:   # [M, H, W]: one channel.
+    images = images[..., None]
+  if images.dtype != np.uint8:
+    raise ValueError(f'{path}: "image" is {images.dtype}; store uint8 pixels '
+                     '(0-255), as the decoders of the other sources give.')
+  part = slice(int(start) if start else None, int(stop) if stop else None)
+  if match.group(2) is not None and not len(labels[part]):
+    raise ValueError(f'npz split {split!r} selects no example of the '
+                     f'{len(labels)} in {path}.')
+  return pipeline.ArrayDataset(np.ascontiguousarray(images[part]),
+                               labels[part].astype(np.int32))
+
+
 def open_split(dataset_config, split: str):
   """The source of `split` for `config.dataset` (name, data_dir, image_size,
   in_memory).
 
-  `name='image_folder'` reads `data_dir/<split>/<class>/*`; any other name is
-  a TFDS dataset (built or checked by `datasets.get_builder`). With
+  `name='image_folder'` reads `data_dir/<split>/<class>/*`; `name='npz'`
+  reads `data_dir/<split>.npz` (`read_npz`, always in memory); any other
+  name is a TFDS dataset (built or checked by `datasets.get_builder`). With
   `in_memory`, the split is read once into an `ArrayDataset` (a TFDS split
   decoded once per machine, `TfdsSource.read_all`).
   """
   dc = dataset_config
+  if dc.name == 'npz':
+    if not dc.data_dir:
+      raise ValueError('config.dataset.name="npz" reads '
+                       '<config.dataset.data_dir>/<split>.npz; set '
+                       'config.dataset.data_dir.')
+    data = read_npz(dc.data_dir, split)
+    if dc.image_size and data.image_shape[:2] != (dc.image_size,) * 2:
+      raise ValueError(f'config.dataset.image_size={dc.image_size} but the '
+                       f'npz images are {data.image_shape[:2]}; store them at '
+                       'that size or leave image_size unset (None).')
+    return data
   if dc.name == 'image_folder':
     if not dc.data_dir:
       raise ValueError('config.dataset.name="image_folder" reads '

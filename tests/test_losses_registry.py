@@ -204,3 +204,23 @@ def test_bfloat16_inputs_are_computed_in_float32(case):
   scale = max(1 / 0.02, abs(float(loss32)))
   np.testing.assert_allclose(loss16, loss32, rtol=0,
                              atol=ref.f32_rtol(16) * scale)
+
+
+@pytest.mark.parametrize('case', BUILT)
+def test_matmuls_run_in_full_float32_whatever_the_default(case):
+  # On NVIDIA GPUs a float32 matmul defaults to TF32 (~1e-3 relative), which
+  # a temperature of 0.02-0.5 amplifies in the logits; every registered loss
+  # pins its products to full float32, forward and backward, even when the
+  # default asks for less.
+  name, build = CASES[case]
+  z, queue = _random()
+
+  def loss_of(z, queue):
+    inputs, kwargs = build(z, LABELS, queue, 0.1)
+    return losses.apply(name, inputs, **kwargs)[0]
+
+  with jax.default_matmul_precision('bfloat16'):
+    text = jax.jit(jax.grad(loss_of)).lower(z, queue).as_text()
+  dots = [line for line in text.splitlines() if 'dot_general' in line]
+  assert dots, 'every case multiplies embeddings'
+  assert all('precision = [HIGHEST, HIGHEST]' in line for line in dots), dots

@@ -208,3 +208,30 @@ def test_paper_config_without_its_dataset_fails_fast_naming_the_fix(
   for word in words:
     assert word in last, last
   assert os.listdir(tmp_path / 'run') == ['config.json']
+
+
+def test_npz_splits_read_whole_or_sliced_and_errors_name_the_fix(tmp_path):
+  rng = np.random.default_rng(0)
+  images = rng.integers(0, 256, (10, 5, 5), np.uint8)   # [M, H, W]: 1 channel
+  labels = np.arange(10) % 3
+  np.savez_compressed(tmp_path / 'train.npz', image=images, label=labels)
+  dc = config_dict.ConfigDict({'name': 'npz', 'data_dir': str(tmp_path),
+                                  'image_size': None, 'in_memory': False})
+  data = sources.open_split(dc, 'train')
+  assert data.image_shape == (5, 5, 1) and data.num_classes == 3
+  np.testing.assert_array_equal(data.images[..., 0], images)
+  part = sources.open_split(dc, 'train[2:-3]')
+  np.testing.assert_array_equal(part.images[..., 0], images[2:7])
+  np.testing.assert_array_equal(part.labels, labels[2:7])
+  assert part.labels.dtype == np.int32
+  for split, message in [('test', 'splits there: train'),
+                         ('train[5%:]', 'integer bounds'),
+                         ('train[:0]', 'selects no example')]:
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+      sources.open_split(dc, split)
+  dc.image_size = 8
+  with pytest.raises(ValueError, match='image_size=8 but the npz images'):
+    sources.open_split(dc, 'train')
+  np.savez(tmp_path / 'bad.npz', x=images)
+  with pytest.raises(ValueError, match='needs the arrays "image"'):
+    sources.read_npz(tmp_path, 'bad')

@@ -1,0 +1,206 @@
+r"""The PyTorch peer of the accelerator train step (benchmarks/accelerator.py).
+
+The SimCLR step as a PyTorch user runs it on a GPU: torchvision's ResNet
+(ResNet-50 with its ImageNet stem, or ResNet-18 with the CIFAR stem: a 3x3
+stride-1 first conv and no max-pool), channels-last, bf16 autocast,
+`torch.compile` of the forward and the loss (its backward compiled with it),
+`torch.backends.cudnn.benchmark`. The same step as ours
+(`contrastive_jax/train.py` on the same config):
+
+  model   encoder -> global average pool -> head: Linear(F, hidden, no bias),
+          BatchNorm1d, ReLU, Linear(hidden, out); BatchNorm over all 2B views
+  loss    NT-Xent over the 2B views (2B - 2 negatives per anchor), tau
+  optim   SGD, momentum 0.9, weight decay on the >1-d parameters only
+  input   2B views [2B, 3, H, W] float32 already on the device (the
+          augmentation is not part of the step, as in ours)
+
+It imports only torch, torchvision and numpy, so it runs under any
+interpreter that has them (the project does not install torch). It speaks
+the accelerator check's worker protocol: it builds and compiles, prints one
+JSON line {"ready": ...}, then reads commands from stdin, one JSON object a
+line, and answers each with one JSON line on stdout:
+
+  {"cmd": "time", "steps": n}   -> {"seconds": s, "steps": n, "loss": l}
+  {"cmd": "profile", "steps": n} -> {"kernels_ms": {name: ms}, "steps": n}
+  {"cmd": "quit"}               -> exits
+
+Alone, for a quick look:
+
+  python3 benchmarks/torch_step_peer.py --model=resnet50 --batch=256 \
+      --image_size=224 --standalone=20
+"""
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+import torchvision
+
+
+def _say(obj) -> None:
+  print(json.dumps(obj), flush=True)
+
+
+def build_model(name: str, hidden: int, out: int) -> nn.Module:
+  """torchvision's ResNet without its classifier, plus the projection head."""
+  if name == 'resnet50':
+    net = torchvision.models.resnet50()
+  elif name == 'resnet18':
+    net = torchvision.models.resnet18()
+    net.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+    net.maxpool = nn.Identity()
+  else:
+    raise ValueError(f'unknown model {name!r}; known: resnet50, resnet18.')
+  features = net.fc.in_features
+  net.fc = nn.Identity()
+  head = nn.Sequential(nn.Linear(features, hidden, bias=False),
+                       nn.BatchNorm1d(hidden), nn.ReLU(inplace=True),
+                       nn.Linear(hidden, out))
+  return nn.Sequential(net, head)
+
+
+def ntxent(z: torch.Tensor, temperature: float) -> torch.Tensor:
+  """NT-Xent of [2B, D] embeddings, view i's positive at i + B (mod 2B)."""
+  z = F.normalize(z.float(), dim=1)
+  n = z.shape[0]
+  logits = z @ z.T / temperature
+  logits = logits.masked_fill(
+      torch.eye(n, dtype=torch.bool, device=z.device), float('-inf'))
+  target = (torch.arange(n, device=z.device) + n // 2) % n
+  return F.cross_entropy(logits, target)
+
+
+class Step:
+  """One compiled SimCLR step on fixed random views."""
+
+  def __init__(self, args):
+    torch.manual_seed(0)
+    self.device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    if self.device.type == 'cuda':
+      torch.backends.cudnn.benchmark = True
+      if args.memory_fraction:
+        torch.cuda.set_per_process_memory_fraction(args.memory_fraction)
+    model = build_model(args.model, args.hidden, args.out)
+    self.model = model.to(self.device, memory_format=torch.channels_last)
+    decay = [p for p in self.model.parameters() if p.ndim > 1]
+    rest = [p for p in self.model.parameters() if p.ndim <= 1]
+    self.opt = torch.optim.SGD(
+        [{'params': decay, 'weight_decay': args.weight_decay},
+         {'params': rest, 'weight_decay': 0.}],
+        lr=args.lr, momentum=0.9)
+    self.temperature = args.temperature
+    rng = np.random.default_rng(0)
+    views = rng.random((2 * args.batch, 3, args.image_size, args.image_size),
+                       np.float32)
+    self.views = torch.from_numpy(views).to(
+        self.device).contiguous(memory_format=torch.channels_last)
+    self.dtype = torch.bfloat16 if args.dtype == 'bfloat16' else torch.float32
+    self.forward = torch.compile(self._forward) if args.compile else (
+        self._forward)
+
+  def _forward(self, views):
+    with torch.autocast(self.device.type, dtype=self.dtype,
+                        enabled=self.dtype != torch.float32):
+      z = self.model(views)
+    return ntxent(z, self.temperature)
+
+  def step(self):
+    self.opt.zero_grad(set_to_none=True)
+    loss = self.forward(self.views)
+    loss.backward()
+    self.opt.step()
+    return loss
+
+  def profile(self, steps: int) -> dict:
+    """CUDA kernel time per step by kernel name (torch.profiler)."""
+    from torch.profiler import ProfilerActivity  # pylint: disable=g-import-not-at-top
+    from torch.profiler import profile  # pylint: disable=g-import-not-at-top
+    self.sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+      for _ in range(steps):
+        self.step()
+      self.sync()
+    kernels = {}
+    for evt in prof.key_averages():
+      ms = getattr(evt, 'device_time_total', None)
+      if ms is None:
+        ms = getattr(evt, 'cuda_time_total', 0)
+      if ms and evt.key:
+        kernels[evt.key] = kernels.get(evt.key, 0.) + ms / 1e3
+    return {'kernels_ms': kernels, 'steps': steps}
+
+  def sync(self):
+    if self.device.type == 'cuda':
+      torch.cuda.synchronize()
+
+  def time(self, steps: int) -> dict:
+    self.sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+      loss = self.step()
+    self.sync()
+    seconds = time.perf_counter() - t0
+    return {'seconds': seconds, 'steps': steps, 'loss': float(loss.detach())}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--model', default='resnet50')
+  parser.add_argument('--batch', type=int, default=256,
+                      help='Instances per step (2 views each).')
+  parser.add_argument('--image_size', type=int, default=224)
+  parser.add_argument('--hidden', type=int, default=2048)
+  parser.add_argument('--out', type=int, default=128)
+  parser.add_argument('--temperature', type=float, default=0.1)
+  parser.add_argument('--lr', type=float, default=0.3)
+  parser.add_argument('--weight_decay', type=float, default=1e-6)
+  parser.add_argument('--dtype', default='bfloat16',
+                      choices=['bfloat16', 'float32'])
+  parser.add_argument('--compile', type=int, default=1)
+  parser.add_argument('--warmup', type=int, default=3)
+  parser.add_argument('--memory_fraction', type=float, default=0.)
+  parser.add_argument('--standalone', type=int, default=0,
+                      help='Time this many steps and exit (no protocol).')
+  args = parser.parse_args()
+  try:
+    t0 = time.perf_counter()
+    step = Step(args)
+    for _ in range(args.warmup):   # Compilation and cuDNN's autotuning.
+      step.step()
+    step.sync()
+    ready = {'ready': True, 'compile_s': time.perf_counter() - t0,
+             'torch': torch.__version__,
+             'torchvision': torchvision.__version__,
+             'device': (torch.cuda.get_device_name()
+                        if step.device.type == 'cuda' else 'cpu')}
+  except torch.cuda.OutOfMemoryError as e:
+    _say({'error': 'out of memory', 'detail': str(e)[:500]})
+    return 3
+  if args.standalone:
+    out = step.time(args.standalone)
+    print(json.dumps({**ready, **out,
+                      'images_per_s': args.batch * 2 * args.standalone
+                      / out['seconds']}))
+    return 0
+  _say(ready)
+  for line in sys.stdin:
+    cmd = json.loads(line)
+    if cmd['cmd'] == 'quit':
+      break
+    if cmd['cmd'] == 'time':
+      out = step.time(int(cmd['steps']))
+      if step.device.type == 'cuda':
+        out['peak_bytes'] = torch.cuda.max_memory_allocated()
+      _say(out)
+    if cmd['cmd'] == 'profile':
+      _say(step.profile(int(cmd['steps'])))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
