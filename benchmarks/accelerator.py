@@ -496,7 +496,7 @@ def input_pipeline(args, out_dir: str) -> dict:
   """Ours (host decode + device augmentation) against the DataLoader peer."""
   from benchmarks import input_pipeline as ip  # pylint: disable=g-import-not-at-top
   cores = len(os.sched_getaffinity(0))
-  n, side, batch = (64, 64, 16) if args.dry else (2048, 384, 256)
+  n, side, batch = (64, 64, 16) if args.dry else (1024, 384, 256)
   size = 32 if args.dry else 224
   root = ip.make_image_folder(os.path.join(args.cache_dir, 'jpeg'), n, side)
   ours = ip.Ours(root, batch=batch, image_size=size, preset='simclr',
