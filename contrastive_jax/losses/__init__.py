@@ -16,7 +16,6 @@ examples, the benchmarks and the tests all call losses this way):
     ...     temperature=0.2)
 """
 
-import functools
 import inspect
 from collections.abc import Callable
 
@@ -33,53 +32,30 @@ from contrastive_jax.losses import model_aware           # MACL
 from contrastive_jax.losses import supervised            # SupCon, TCL
 from contrastive_jax.losses.common import l2_normalize
 
-
-
-def float32_matmuls(fn: Callable) -> Callable:
-  """`fn` with every matrix product it traces in full float32.
-
-  A float32 matmul's default precision is backend-dependent: exact float32 on
-  CPUs, TF32 (a 10-bit mantissa, ~1e-3 relative error) on NVIDIA GPUs, bf16
-  passes on TPUs. A loss divides cosine similarities by a temperature of
-  0.05-0.5 before a softmax, which turns 1e-3 errors in the similarities into
-  errors of 1e-2 in the logits. The losses' products ([N, D] x [D, N] and
-  similar) cost little next to the encoder's, so every registered loss runs
-  them in full precision whatever `jax_default_matmul_precision` says; the
-  encoder's precision is the config's (`config.model.dtype`).
-  """
-  @functools.wraps(fn)
-  def wrapped(*args, **kwargs):
-    with jax.default_matmul_precision('float32'):
-      return fn(*args, **kwargs)
-  return wrapped
-
-
 # Each module lists its own losses in a module-level `LOSSES` dict; the union is
 # the public registry.
 LOSSES: dict[str, Callable] = {
-    name: float32_matmuls(fn) for name, fn in {
-        **instance.LOSSES,
-        **supervised.LOSSES,
-        **baselines.LOSSES,
-        **attraction_repulsion.LOSSES,
-        **model_aware.LOSSES,
-        **joint.LOSSES,
-    }.items()}
+    **instance.LOSSES,
+    **supervised.LOSSES,
+    **baselines.LOSSES,
+    **attraction_repulsion.LOSSES,
+    **model_aware.LOSSES,
+    **joint.LOSSES,
+}
 globals().update(LOSSES)
 
 
 def register(name: str) -> Callable[[Callable], Callable]:
   """Decorator: adds a loss to `LOSSES` under `name` (a method module's own).
 
-  The loss follows the package's convention (`common.py`) and runs its
-  matrix products in full float32 (`float32_matmuls`), as every registered
-  loss. Registering a name twice is an error, so a method cannot silently
-  replace a loss.
+  The loss follows the package's convention (`common.py`), its matrix
+  products in full float32 (`common.float32_matmuls`). Registering a name
+  twice is an error, so a method cannot silently replace a loss.
   """
   def add(fn: Callable) -> Callable:
     if name in LOSSES:
       raise ValueError(f'a loss named {name!r} is already registered.')
-    LOSSES[name] = float32_matmuls(fn)
+    LOSSES[name] = fn
     return fn
   return add
 

@@ -48,6 +48,7 @@ def _entropy(log_w: jax.Array, axis: int) -> jax.Array:
   return -jnp.sum(jnp.where(w > 0, w * log_w, 0.), axis=axis)
 
 
+@common.float32_matmuls
 def cacr(
     z: jax.Array,
     *,

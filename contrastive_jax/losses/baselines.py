@@ -43,6 +43,7 @@ def _nn_acc(sim, pos, self_mask):
   return jnp.mean(pos[jnp.arange(sim.shape[0]), best]).astype(jnp.float32)
 
 
+@common.float32_matmuls
 def align_uniform(z: jax.Array, *, alpha: float = 2., t: float = 2.,
                   uniform_weight: float = 1.) -> common.LossOutput:
   """Alignment + uniformity (Wang & Isola 2020, Sec. 4.1), "AU-CL".
@@ -103,6 +104,7 @@ def align_uniform(z: jax.Array, *, alpha: float = 2., t: float = 2.,
   return align + uniform_weight * uniform, metrics
 
 
+@common.float32_matmuls
 def hard_negative(z: jax.Array, *, temperature: float = 0.5, beta: float = 1.,
                   tau_plus: float = 0.1) -> common.LossOutput:
   """Hard-negative contrastive loss (Robinson et al. 2021), "HN-CL".
@@ -202,6 +204,7 @@ def hard_negative(z: jax.Array, *, temperature: float = 0.5, beta: float = 1.,
   return loss, metrics
 
 
+@common.float32_matmuls
 def dcl(z: jax.Array, *, temperature: float = 0.1,
         layout: str = 'cross_view') -> common.LossOutput:
   """Decoupled contrastive loss (Yeh et al. 2021), the MACL baseline.

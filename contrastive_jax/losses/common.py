@@ -12,16 +12,39 @@ Every loss in this package follows one convention:
 
 Inputs are L2-normalised inside the loss; similarities are computed in float32
 whatever the input dtype, so bfloat16 embeddings are safe at small
-temperatures.
+temperatures, and in full float32 on every backend (`float32_matmuls`).
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
 Metrics = dict[str, jax.Array]
 LossOutput = tuple[jax.Array, Metrics]
+
+
+def float32_matmuls(fn: Callable) -> Callable:
+  """`fn` with every matrix product it traces in full float32.
+
+  A float32 matmul's default precision depends on the backend: exact float32
+  on CPUs, TF32 (a 10-bit mantissa, ~1e-3 relative error) on NVIDIA GPUs,
+  bf16 passes on TPUs. A loss divides cosine similarities by a temperature
+  of 0.05-0.5 before a softmax, which turns 1e-3 errors in the similarities
+  into errors of 1e-2 in the logits. The losses' products ([N, D] x [D, N]
+  and similar) cost little next to the encoder's, so every loss runs them in
+  full precision, forward and backward, whatever
+  `jax_default_matmul_precision` says; the encoder's precision is the
+  config's (`config.model.dtype`).
+  """
+  @functools.wraps(fn)
+  def wrapped(*args, **kwargs):
+    with jax.default_matmul_precision('float32'):
+      return fn(*args, **kwargs)
+  return wrapped
 
 
 def l2_normalize(x: jax.Array, axis: int = -1, eps: float = 1e-12) -> jax.Array:

@@ -64,6 +64,7 @@ def _check_temperature(temperature) -> None:
     raise ValueError(f'temperature must be > 0; got {temperature}.')
 
 
+@common.float32_matmuls
 def ntxent(z: jax.Array, *, temperature: float = 0.1) -> common.LossOutput:
   """NT-Xent of SimCLR (Chen et al. 2020, eq. 1), generalised to V >= 2 views.
 
@@ -118,6 +119,7 @@ def _check_key_inputs(query, key, queue) -> None:
     common.check_queue(queue, jnp.shape(query)[-1])
 
 
+@common.float32_matmuls
 def infonce(query: jax.Array, key: jax.Array, *,
             queue: jax.Array | None = None, temperature: float = 0.2,
             in_batch_negatives: bool = True) -> common.LossOutput:
@@ -207,6 +209,7 @@ def infonce(query: jax.Array, key: jax.Array, *,
   return jnp.mean(lse - pos_logit), metrics
 
 
+@common.float32_matmuls
 def insdis(query: jax.Array, key: jax.Array, *, queue: jax.Array,
            num_data: int, temperature: float = 0.07,
            nce_z: float | jax.Array | None = None,
@@ -325,6 +328,7 @@ def insdis(query: jax.Array, key: jax.Array, *, queue: jax.Array,
   return jnp.mean(per_instance), metrics
 
 
+@common.float32_matmuls
 def cmc(z: jax.Array, *, temperature: float = 0.07, graph: str = 'core',
         queue: jax.Array | None = None) -> common.LossOutput:
   """Contrastive Multiview Coding (Tian et al. 2019; slides 004 eqs. 5-6).

@@ -38,6 +38,7 @@ from contrastive_jax.losses import common
 _MASKED = -1e30
 
 
+@common.float32_matmuls
 def jcl(
     query: jax.Array,
     key: jax.Array,

@@ -52,6 +52,7 @@ def _eq14_value(x: jax.Array) -> jax.Array:
   return jnp.where(x < -20., 1. + 0.5 * jnp.exp(x), ratio)
 
 
+@common.float32_matmuls
 def macl(
     z: jax.Array,
     *,

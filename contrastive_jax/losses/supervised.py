@@ -78,6 +78,7 @@ def _base_metrics(sim, logits, pos, neg, n_pos, n_neg):
   }
 
 
+@common.float32_matmuls
 def supcon(z: jax.Array, labels: jax.Array, *, temperature: float = 0.1,
            variant: str = 'out') -> common.LossOutput:
   """Supervised contrastive loss (Khosla et al. 2020), L_out or L_in.
@@ -123,6 +124,7 @@ def supcon(z: jax.Array, labels: jax.Array, *, temperature: float = 0.1,
                                                    n_pos, n_neg)
 
 
+@common.float32_matmuls
 def tcl(z: jax.Array, labels: jax.Array | None = None, *,
         k1: float | None = None, k2: float | None = None,
         temperature: float | None = None) -> common.LossOutput:

@@ -31,6 +31,7 @@ from contrastive_jax.methods import moco
 
 
 @losses.register('byol')
+@losses.common.float32_matmuls
 def regression(query: jax.Array, key: jax.Array) -> losses.common.LossOutput:
   """BYOL's loss, Eq. 2 per pair, averaged over instances and views.
 
