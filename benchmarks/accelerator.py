@@ -235,13 +235,15 @@ def jax_worker(args) -> int:
     rng = jax.random.key(1)
     lowered = setup.step_fn.lower(state, batch, rng)
     compiled = lowered.compile()
+    if args.flops_only:
+      say({'flops': _flops(compiled.cost_analysis())})
+      return 0
     memory = compiled.memory_analysis()
     for _ in range(3):
       state, metrics = compiled(state, batch, rng)
     loss = float(metrics['loss'])
     ready = {'ready': True, 'compile_s': time.perf_counter() - t0,
              'flops_compiled': _flops(compiled.cost_analysis()),
-             'flops_lowered': _flops(lowered.cost_analysis()),
              'temp_bytes': getattr(memory, 'temp_size_in_bytes', None),
              'argument_bytes': getattr(memory, 'argument_size_in_bytes',
                                        None),
@@ -318,6 +320,24 @@ class Worker:
     self._log.close()
 
 
+def _cpu_flops(part: str, batch: int, args) -> subprocess.Popen:
+  """Starts a CPU compilation of our step that prints its FLOPs.
+
+  XLA:GPU's cost analysis leaves out the convolutions it hands to cuDNN (a
+  ResNet-50 step reads as 0.4 GFLOP per view instead of ~24), while the same
+  program compiled for the CPU counts them: the step's FLOPs, which do not
+  depend on the backend.
+  """
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
+  env['PYTHONPATH'] = os.pathsep.join(
+      [ROOT] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+  return subprocess.Popen(  # pylint: disable=consider-using-with
+      [sys.executable, os.path.abspath(__file__), f'--_worker={part}',
+       f'--batch={batch}', '--flops_only'] + (['--dry'] if args.dry else []),
+      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+      cwd=ROOT)
+
+
 def _gpu() -> bool:
   import jax  # pylint: disable=g-import-not-at-top
   return jax.default_backend() == 'gpu'
@@ -353,6 +373,7 @@ def compare_steps(part: str, args, out_dir: str, peak_tflops: float) -> dict:
   """Our step and the peer's, compiled once each, timed in alternation."""
   spec = step_spec(part, args.dry)
   for batch in (spec['batch'],) + tuple(spec['fallback']):
+    flops_proc = _cpu_flops(part, batch, args) if _gpu() else None
     log(f'{part}: starting both workers at batch {batch} (compiling) ...')
     spec, ours, peer = _start_pair(part, batch, args, out_dir)
     oom = [w.name for w in (ours, peer) if w is not None
@@ -360,6 +381,8 @@ def compare_steps(part: str, args, out_dir: str, peak_tflops: float) -> dict:
     if not oom:
       break
     log(f'{part}: out of memory at batch {batch} ({", ".join(oom)})')
+    if flops_proc is not None:
+      flops_proc.kill()
     for w in (ours, peer):
       if w is not None:
         w.close()
@@ -380,8 +403,9 @@ def compare_steps(part: str, args, out_dir: str, peak_tflops: float) -> dict:
             f'{out["seconds"] / out["steps"] * 1e3:.1f} ms/step')
     images = 2 * spec['batch']   # Two views per instance.
     flops = ours.ready['flops_compiled']
-    if not flops > 0.5 * ours.ready['flops_lowered']:
-      flops = ours.ready['flops_lowered']   # Convs hidden in custom calls.
+    if flops_proc is not None:
+      out, _ = flops_proc.communicate(timeout=600)
+      flops = json.loads(out.strip().splitlines()[-1])['flops']
     for name, outs in rounds.items():
       step_s = statistics.median(o['seconds'] / o['steps'] for o in outs)
       result[name] = {
@@ -493,23 +517,30 @@ def _failures(junit: str) -> list[tuple[str, str]]:
 
 
 def input_pipeline(args, out_dir: str) -> dict:
-  """Ours (host decode + device augmentation) against the DataLoader peer."""
+  """Ours (host decode + device augmentation) against the DataLoader peer.
+
+  Ours decodes on the training process's threads (`num_workers=0`) and in
+  one worker process per core (`config.dataset.num_workers=-1`); the peer
+  runs a DataLoader with one worker per core. Alternated, 2 rounds.
+  """
   from benchmarks import input_pipeline as ip  # pylint: disable=g-import-not-at-top
   cores = len(os.sched_getaffinity(0))
   n, side, batch = (64, 64, 16) if args.dry else (2560, 384, 256)
   size = 32 if args.dry else 224
   root = ip.make_image_folder(os.path.join(args.cache_dir, 'jpeg'), n, side)
-  ours = ip.Ours(root, batch=batch, image_size=size, preset='simclr',
-                 num_views=2)
   warmup, timed = (1, 2) if args.dry else (2, 6)
+  ours = {name: ip.Ours(root, batch=batch, image_size=size, preset='simclr',
+                        num_views=2, num_workers=workers)
+          for name, workers in (('threads', 0), ('processes', cores))}
   result = {'cores': cores, 'images': n, 'jpeg_side': side, 'batch': batch,
-            'image_size': size, 'ours_threads': ours.source.num_threads,
-            'ours': [], 'peer': []}
+            'image_size': size, **{f'ours_{k}': [] for k in ours},
+            'peer': []}
   recipe = ip.peer_args('simclr', 2)
   steps_per_epoch = n // batch
   for r in range(2):
     start = r * (warmup + timed + 1) % max(steps_per_epoch, 1)
-    result['ours'].append(ours.throughput(start, warmup, timed))
+    for name, o in ours.items():
+      result[f'ours_{name}'].append(o.throughput(start, warmup, timed))
     if args.torch_python:
       try:
         result['peer'].append(ip.run_peer(
@@ -518,15 +549,39 @@ def input_pipeline(args, out_dir: str) -> dict:
             recipe=recipe)['images_per_s'])
       except RuntimeError as e:   # Ours stays measured.
         result['peer_error'] = str(e)[-800:]
-  result['augment_only_images_per_s'] = ours.augment_only(5)
-  # The host's share at a quarter of the threads: images/s per core.
-  ours.source.num_threads, ours.source._pool = max(1, cores // 4), None  # pylint: disable=protected-access
-  result['ours_quarter_threads'] = ours.throughput(0, warmup, timed)
-  result['ours_median'] = statistics.median(result['ours'])
+  result['augment_only_images_per_s'] = ours['threads'].augment_only(5)
+  for name in ours:
+    result[f'ours_{name}_median'] = statistics.median(result[f'ours_{name}'])
   if result['peer']:
     result['peer_median'] = statistics.median(result['peer'])
-    result['ours_over_peer'] = result['ours_median'] / result['peer_median']
+    result['ours_over_peer'] = (result['ours_processes_median'] /
+                                result['peer_median'])
   return result
+
+
+def decode_rate(workers: int, root: str, batch: int = 64,
+                steps: int = 14) -> dict:
+  """Host images/s of `TrainBatches.iterate` alone (no augmentation) over an
+  ImageFolder at 224 px, decoding on threads (0) or in `workers` processes;
+  the first 2 batches (worker start-up) are not timed."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
+  from input_pipeline import sources  # pylint: disable=g-import-not-at-top
+  batches = pipeline.TrainBatches(
+      sources.ImageFolder(root, 'train', image_size=224),
+      global_batch_size=batch, seed=0, num_workers=workers,
+      sharding=NamedSharding(runtime.create_mesh(), P('data')))
+  t0 = None
+  for k, b in enumerate(batches.iterate(0, steps)):
+    jax.block_until_ready(b['image'])
+    if k == 1:
+      t0 = time.perf_counter()
+  rate = batch * (steps - 2) / (time.perf_counter() - t0)
+  return {'workers': workers, 'cores': len(os.sched_getaffinity(0)),
+          'images_per_s': rate}
 
 
 # --------------------------------------------------------------------------
@@ -604,11 +659,12 @@ def _table(report: dict) -> str:
       lines.append(f'tests   {precision}: {t["summary"]} '
                    f'({len(t["failed"])} failed)')
   inp = report.get('input', {})
-  if 'ours_median' in inp:
+  if 'ours_processes_median' in inp:
     peer = (f', peer {inp["peer_median"]:,.0f} ({inp["ours_over_peer"]:.2f}x)'
             if 'peer_median' in inp else '')
     lines.append(f'input   {inp["cores"]} cores: ours '
-                 f'{inp["ours_median"]:,.0f} images/s{peer}')
+                 f'{inp["ours_processes_median"]:,.0f} images/s in processes,'
+                 f' {inp["ours_threads_median"]:,.0f} on threads{peer}')
   for part, r in report.items():
     if isinstance(r, dict) and 'error' in r:
       lines.append(f'{part:<7} FAILED: {r["error"][:200]}')
@@ -636,14 +692,25 @@ def main() -> int:
                       help="jax_default_matmul_precision values to run the "
                       "tests under ('default': the backend's own).")
   parser.add_argument('--commit', default='')
+  parser.add_argument('--decode_rate', type=int, default=None,
+                      help='Print the host decoding rate with this many '
+                      'worker processes (0: threads) over the 1,024-JPEG '
+                      'folder in --cache_dir, and exit.')
   parser.add_argument('--_worker', default='', help=argparse.SUPPRESS)
   parser.add_argument('--batch', type=int, default=0, help=argparse.SUPPRESS)
+  parser.add_argument('--flops_only', action='store_true',
+                      help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args._worker:  # pylint: disable=protected-access
     args.part = args._worker  # pylint: disable=protected-access
     return jax_worker(args)
   if args.prepare:
     prepare()
+    return 0
+  if args.decode_rate is not None:
+    import contrastive_jax  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    print(json.dumps(decode_rate(args.decode_rate, os.path.join(
+        args.cache_dir, 'jpeg', 'jpeg_1024_384'))))
     return 0
   parts = [p for p in args.parts.split(',') if p]
   unknown = set(parts) - set(PARTS)

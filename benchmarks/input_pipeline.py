@@ -230,7 +230,8 @@ def measure_rss(root: pathlib.Path, batch: int, image_size: int,
 class Ours:
   """TrainBatches(ImageFolder).iterate() + train.py's jitted augment_fn."""
 
-  def __init__(self, root, *, batch, image_size, preset, num_views, seed=0):
+  def __init__(self, root, *, batch, image_size, preset, num_views, seed=0,
+               num_workers=0):
     import jax  # pylint: disable=g-import-not-at-top
     from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
     from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
@@ -244,7 +245,8 @@ class Ours:
     replicated = NamedSharding(mesh, P())
     self.source = sources.ImageFolder(root, 'train', image_size=image_size)
     self.batches = pipeline.TrainBatches(self.source, global_batch_size=batch,
-                                         seed=seed, sharding=data_sharding)
+                                         seed=seed, sharding=data_sharding,
+                                         num_workers=num_workers)
     views_cfg = augment.build_views(preset, num_views, ())
     aug_rng = jax.random.key(seed)
     # As contrastive_jax/train.py's train_and_evaluate builds it.

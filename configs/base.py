@@ -64,6 +64,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Hold the split in host memory (small datasets); False reads every batch
   # from the files, each process only its part (ImageNet on a pod).
   config.dataset.in_memory = True
+  # Streamed sources: decode in this many worker processes (-1: one per core;
+  # a GPU host needs them: threads stop at about one core's worth of JPEG
+  # decoding); 0 decodes on threads in the training process.
+  config.dataset.num_workers = 0
   # A fixed, stratified holdout of the training split (0: none), removed from
   # the training data; its seed is fixed, independent of config.seed
   # (input_pipeline/splits.py). Choices are made on it; see config.eval.split.

@@ -79,6 +79,8 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
       return tuple(to_tuples(v) for v in x)
     return x
 
+  # Keys added to configs/base.py after a run was saved take base's value.
+  raw.setdefault('dataset', {}).setdefault('num_workers', 0)
   return ml_collections.ConfigDict(to_tuples(raw))
 
 

@@ -259,6 +259,7 @@ def papers_linear_eval(config, model, variables, train_data, test_data, mesh,
       model, variables, train_data, test_data, mesh, cfg=cfg,
       num_classes=max(train_data.num_classes, test_data.num_classes),
       seed=config.seed, eval_batch_size=ev.batch_size,
+      num_workers=config.dataset.num_workers,
       bar_desc=f'linear evaluation ({preset})')
   names = {'top1_last': 'top1', 'top5_last': 'top5'}
   return {f'{prefix}_{names.get(k, k)}': v for k, v in out.items()

@@ -555,7 +555,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   replicated = NamedSharding(mesh, P())
   batches = pipeline.TrainBatches(train_data,
                                   global_batch_size=config.batch_size,
-                                  seed=config.seed, sharding=data_sharding)
+                                  seed=config.seed, sharding=data_sharding,
+                                  num_workers=config.dataset.num_workers)
   total_steps = max(1, int(config.num_epochs * batches.steps_per_epoch))
   setup = build(config, mesh, total_steps=total_steps,
                 steps_per_epoch=batches.steps_per_epoch,

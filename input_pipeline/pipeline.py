@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -112,15 +114,51 @@ def _to_mesh(host: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
           for k, v in host.items()}
 
 
+@dataclasses.dataclass(frozen=True)
+class _HostBatch:
+  """step -> this process's part of the global batch (numpy), picklable.
+
+  Everything a decoding worker process needs and nothing more: no mesh, no
+  devices, so worker processes never start a JAX backend.
+  """
+  source: Any
+  seed: int
+  num_examples: int
+  global_batch_size: int
+  process_index: int
+  process_count: int
+
+  def global_indices(self, step: int) -> np.ndarray:
+    epoch, i = divmod(step, self.num_examples // self.global_batch_size)
+    b = self.global_batch_size
+    return _permutation(self.seed, self.num_examples, epoch)[i * b:(i + 1) * b]
+
+  def __call__(self, step: int) -> dict[str, np.ndarray]:
+    local = process_slice(self.global_indices(step), self.process_index,
+                          self.process_count)
+    batch = self.source.read(local)
+    return {'image': batch['image'], 'label': batch['label'].astype(np.int32),
+            'index': local.astype(np.int32)}
+
+
 class TrainBatches:
   """Global training batches as a pure function of the step.
 
   Batches drop the remainder of each epoch so every batch is full (MoCo's queue
   needs a constant batch size).
+
+  `num_workers` > 0 decodes in that many worker processes (-1: one per core) (grain's
+  multiprocessing prefetch), each reading whole host batches; 0 reads in this
+  process on the source's thread pool. Decoding JPEGs is partly Python work
+  under the GIL, so threads alone stop scaling at about one core's worth
+  (docs/performance.md, input pipeline); a host feeding a GPU needs the
+  processes. An in-memory `ArrayDataset` always reads in this process (a
+  gather, nothing to decode).
   """
 
   def __init__(self, source, *, global_batch_size: int, seed: int,
-               sharding: jax.sharding.Sharding, prefetch: int = 2):
+               sharding: jax.sharding.Sharding, prefetch: int = 2,
+               num_workers: int = 0):
     num_examples = len(source)
     if global_batch_size > num_examples:
       raise ValueError(
@@ -136,21 +174,17 @@ class TrainBatches:
     self.seed = seed
     self.sharding = sharding
     self.prefetch = prefetch
+    if num_workers < 0:   # One per core this process may use.
+      num_workers = len(os.sched_getaffinity(0))
+    self.num_workers = 0 if isinstance(source, ArrayDataset) else num_workers
     self.steps_per_epoch = num_examples // global_batch_size
+    # step -> this process's part of batch `step` (numpy).
+    self.host_batch = _HostBatch(source, seed, num_examples, global_batch_size,
+                                 jax.process_index(), nproc)
 
   def global_indices(self, step: int) -> np.ndarray:
     """The example ids of the global batch at `step`, [global_batch_size]."""
-    epoch, i = divmod(step, self.steps_per_epoch)
-    b = self.global_batch_size
-    return _permutation(self.seed, self.num_examples, epoch)[i * b:(i + 1) * b]
-
-  def host_batch(self, step: int) -> dict[str, np.ndarray]:
-    """This process's part of batch `step`: image, label, index (numpy)."""
-    local = process_slice(self.global_indices(step), jax.process_index(),
-                          jax.process_count())
-    batch = self.source.read(local)
-    return {'image': batch['image'], 'label': batch['label'].astype(np.int32),
-            'index': local.astype(np.int32)}
+    return self.host_batch.global_indices(step)
 
   def __call__(self, step: int) -> dict[str, jax.Array]:
     """Returns {'image': [B,H,W,C] uint8, 'label': [B], 'index': [B]}."""
@@ -160,15 +194,26 @@ class TrainBatches:
               ) -> Iterator[dict[str, jax.Array]]:
     """Batches start_step..stop_step-1, read `prefetch` steps ahead.
 
-    grain reads the host batches on threads, in order; each is a pure function
-    of its step, so where the iteration starts is the whole input state.
+    grain reads the host batches in order, on threads or in `num_workers`
+    processes; each is a pure function of its step, so where the iteration
+    starts is the whole input state.
     """
     import grain  # pylint: disable=g-import-not-at-top
     if stop_step <= start_step:
       return
     ds = grain.MapDataset.range(start_step, stop_step).map(self.host_batch)
-    it = ds.to_iter_dataset(grain.ReadOptions(
-        num_threads=self.prefetch, prefetch_buffer_size=self.prefetch))
+    if self.num_workers:
+      from absl import flags  # pylint: disable=g-import-not-at-top
+      if not flags.FLAGS.is_parsed():
+        # grain's workers read its absl flags; outside an absl app (a
+        # notebook, a test) their defaults are the values to use.
+        flags.FLAGS.mark_as_parsed()
+      it = ds.to_iter_dataset().mp_prefetch(grain.MultiprocessingOptions(
+          num_workers=self.num_workers,
+          per_worker_buffer_size=max(1, self.prefetch)))
+    else:
+      it = ds.to_iter_dataset(grain.ReadOptions(
+          num_threads=self.prefetch, prefetch_buffer_size=self.prefetch))
     for host in it:
       yield _to_mesh(host, self.sharding)
 

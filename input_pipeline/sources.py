@@ -91,6 +91,13 @@ class _ThreadedReader:
   def _read_one(self, i: int) -> tuple[np.ndarray, int]:
     raise NotImplementedError
 
+  def __getstate__(self):
+    # Decoding worker processes receive the source pickled; each starts its
+    # own pool.
+    state = dict(self.__dict__)
+    state.pop('_pool', None)
+    return state
+
   def _read_chunk(self, indices: list[int]) -> list[tuple[np.ndarray, int]]:
     return [self._read_one(i) for i in indices]
 

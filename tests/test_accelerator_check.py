@@ -35,5 +35,6 @@ def test_dry_run_reports_every_part(tmp_path):
   assert 0.35e9 < r50['flops_per_image_fwd_bwd'] < 0.65e9
   assert ours['images_per_s'] > 0 and ours['step_ms'] > 0
   inp = report['input']
-  assert inp['ours_median'] > 0 and inp['peer'] == []
+  assert inp['ours_threads_median'] > 0 and inp['peer'] == []
+  assert inp['ours_processes_median'] > 0
   assert 'r50     ours  batch 4' in proc.stdout

@@ -95,6 +95,31 @@ def test_prefetched_iteration_equals_direct_batches_and_resumes(folder):
   assert len(set(epoch.tolist())) == 40
 
 
+def test_worker_processes_decode_the_same_batches_in_order(folder):
+  # Decoding in 2 worker processes (grain's multiprocessing prefetch) gives
+  # the batches the in-process threads give, in step order, resumable.
+  src = sources.ImageFolder(folder, 'train', image_size=16)
+  src.read([0])   # A thread pool exists: the source must still pickle.
+  threads = pipeline.TrainBatches(src, global_batch_size=8, seed=3,
+                                  sharding=_sharding())
+  workers = pipeline.TrainBatches(src, global_batch_size=8, seed=3,
+                                  sharding=_sharding(), num_workers=2)
+  assert workers.num_workers == 2
+  for start in (0, 3):
+    want = list(threads.iterate(start, 8))
+    got = list(workers.iterate(start, 8))
+    assert len(got) == len(want) == 8 - start
+    for w, g in zip(want, got):
+      for k in ('image', 'label', 'index'):
+        np.testing.assert_array_equal(np.asarray(g[k]), np.asarray(w[k]))
+  # Arrays in memory have nothing to decode: always read in this process.
+  data = pipeline.ArrayDataset(src.read(np.arange(40))['image'],
+                               src.labels)
+  assert pipeline.TrainBatches(data, global_batch_size=8, seed=3,
+                               sharding=_sharding(),
+                               num_workers=2).num_workers == 0
+
+
 def test_eval_batches_cover_the_split_once_with_a_padding_mask(folder):
   src = sources.ImageFolder(folder, 'test', image_size=16)
   got = list(pipeline.eval_batches(src, batch_size=8, sharding=_sharding()))

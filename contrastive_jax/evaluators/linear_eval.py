@@ -219,7 +219,7 @@ def make_step_fns(model, tx, view: augment.ViewConfig, mesh):
 
 def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
                       cfg: ProbeConfig, num_classes: int, seed: int = 0,
-                      eval_batch_size: int = 256,
+                      eval_batch_size: int = 256, num_workers: int = 0,
                       bar_desc: str = 'linear evaluation'
                       ) -> dict[str, Any]:
   """Trains and scores a linear classifier on the frozen encoder.
@@ -233,6 +233,8 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
     num_classes: C.
     seed: the order of training examples and the augmentation draws.
     eval_batch_size: global batch of the evaluation passes.
+    num_workers: decoding processes of the streamed training images
+      (`pipeline.TrainBatches`).
     bar_desc: the progress bar's label (progress.py decides if it shows).
 
   Returns:
@@ -246,7 +248,8 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
     raise ValueError(f'linear evaluation needs epochs >= 1; got {cfg.epochs}.')
   rows = NamedSharding(mesh, P('data'))
   batches = pipeline.TrainBatches(train_source, global_batch_size=min(
-      cfg.batch_size, len(train_source)), seed=seed, sharding=rows)
+      cfg.batch_size, len(train_source)), seed=seed, sharding=rows,
+      num_workers=num_workers)
   if batches.global_batch_size % mesh.size:
     raise ValueError(f'the linear evaluation batch {batches.global_batch_size}'
                      f' is not divisible by the {mesh.size} devices; set '
