@@ -140,7 +140,8 @@ def test_defaults_change_nothing():
 def test_load_data_wires_the_options(monkeypatch):
   data, test = _dataset([60] * 3), _dataset([10] * 3, seed=1)
   monkeypatch.setattr(train.sources, 'open_split',
-                      lambda ds, split: {'train': data, 'test': test}[split])
+                      lambda ds, split, classes: {'train': data,
+                                                  'test': test}[split])
   config = default_config.get_config()
   config.dataset.validation_size = 30
   train_part, ev = train.load_data(config)
