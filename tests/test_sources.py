@@ -322,6 +322,10 @@ def test_folder_contents_have_defined_outcomes(tmp_path, caplog):
     tol = 4 if name.lower().endswith(('.jpg', '.jpeg')) else 0
     assert np.abs(image - np.array(value)).max() <= tol, (name, image[0, 0])
   assert not src.skipped
+  # The empty folder's class keeps its id, and the log says it is empty.
+  assert any("'empty' have no examples in either split" in m
+             for m in sources.class_warnings(src, src, train_name='train',
+                                             eval_name='train'))
   ignored = [r.getMessage() for r in caplog.records
              if 'ignoring 2 entries' in r.getMessage()]
   assert ignored and 'notes.txt' in ignored[0] and 'README' in ignored[0]

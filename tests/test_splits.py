@@ -158,6 +158,7 @@ def test_load_data_wires_the_options(monkeypatch):
     ('eval.split', 'validation', 'validation_size > 0'),
     ('dataset.imbalance', 'step', 'imbalance'),
     ('dataset.imbalance_levels', -2, 'imbalance_levels'),
+    ('dataset.max_bad_fraction', 1.5, 'max_bad_fraction'),
 ])
 def test_bad_values_fail_early(field, value, match):
   config = default_config.get_config()
