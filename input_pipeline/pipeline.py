@@ -77,7 +77,8 @@ class ArrayDataset:
   def take(self, indices) -> 'ArrayDataset':
     """The examples `indices`, renumbered 0..len(indices)-1."""
     indices = np.asarray(indices, np.int64)
-    new_id = {int(old): new for new, old in enumerate(indices)}
+    new_id = ({int(old): new for new, old in enumerate(indices)}
+              if self.skipped else {})
     return ArrayDataset(
         self.images[indices], self.labels[indices], classes=self.classes,
         skipped={new_id[i]: why for i, why in self.skipped.items()
