@@ -436,11 +436,12 @@ config.dataset.update(dict(
     max_bad_fraction=0.5))
 try:
   tr, te = train.load_data(config)
-  print(json.dumps({'classes': tr.classes, 'train': tr.labels.tolist(),
-                    'test': te.labels.tolist(),
-                    'skipped': sorted(tr.skipped.values())}))
+  print('RESULT ' + json.dumps({'classes': tr.classes,
+                                'train': tr.labels.tolist(),
+                                'test': te.labels.tolist(),
+                                'skipped': sorted(tr.skipped.values())}))
 except ValueError as e:
-  print(json.dumps({'error': str(e)}))
+  print('RESULT ' + json.dumps({'error': str(e)}))
 '''
 
 
@@ -459,8 +460,10 @@ def _two_processes(data_dirs):
       env=dict(env, JAX_PROCESS_ID=str(i))) for i, d in enumerate(data_dirs)]
   outs = [p.communicate(timeout=300) for p in procs]
   for p, (out, err) in zip(procs, outs):
-    assert p.returncode == 0 and out.strip(), err[-3000:]
-  return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    assert p.returncode == 0 and 'RESULT ' in out, err[-3000:]
+  # Gloo writes its own lines to stdout too.
+  return [json.loads(out.split('RESULT ', 1)[1].splitlines()[0])
+          for out, _ in outs]
 
 
 def test_every_process_reads_the_same_labels_and_bad_records(tmp_path):
