@@ -68,6 +68,15 @@ def get_config() -> ml_collections.ConfigDict:
   # a GPU host needs them: threads stop at about one core's worth of JPEG
   # decoding); 0 decodes on threads in the training process.
   config.dataset.num_workers = 0
+  # Bad data (docs/input_pipeline.md): an image that does not decode is
+  # replaced by a black one in training and left out of evaluation, named in
+  # the log and counted in results.json; a split with more than this
+  # fraction of such records stops the run, listing them.
+  config.dataset.max_bad_fraction = 0.01
+  # Decode every record of both splits before training (streamed splits;
+  # an in-memory split is read whole anyway): every bad file is listed, and
+  # the run refuses before its first step if there are too many.
+  config.dataset.verify = False
   # A fixed, stratified holdout of the training split (0: none), removed from
   # the training data; its seed is fixed, independent of config.seed
   # (input_pipeline/splits.py). Choices are made on it; see config.eval.split.

@@ -3,7 +3,8 @@ r"""Evaluates the latest checkpoint of any run: kNN, probes and diagnostics.
   python -m contrastive_jax.eval_checkpoint --workdir=workdir/default \
       [--outdir=workdir/default/eval] [--probe_preset=cacr_small]
 
-Reads `<workdir>/config.json` (written by train.py) and the newest readable
+Reads `<workdir>/config.json` and `<workdir>/classes.json` (written by
+train.py: an image folder's class ids are the run's) and the newest readable
 checkpoint in `<workdir>/checkpoints`, then on the frozen encoder (eval-mode
 BatchNorm, un-augmented images):
 
@@ -236,8 +237,9 @@ def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
   config = load_config(workdir)
   outdir = outdir or os.path.join(workdir, 'eval')
   os.makedirs(outdir, exist_ok=True)
+  # The run's stored class list: an image folder is labelled as in training.
   train_data, test_data = data if data is not None else train.load_data(
-      config)
+      config, train.load_classes(workdir))
   num_classes = max(train_data.num_classes, test_data.num_classes)
 
   mesh = runtime.create_mesh()
@@ -310,6 +312,8 @@ def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
   diagnostics.embedding_plot(
       emb['clean'][0], labels, os.path.join(outdir, 'embedding_pca.png'),
       title=f'PCA of test features, step {restored_step}')
+  results.update(train.count_skipped(
+      config, {'training data': train_data, 'evaluation data': test_data}))
   results['eval_seconds'] = round(time.time() - t0, 1)
   if jax.process_index() == 0:
     path = os.path.join(outdir, 'results.json')

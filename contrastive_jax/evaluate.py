@@ -392,6 +392,9 @@ def summary(results: dict, workdir: str) -> str:
     label = "trained, the papers' linear evaluation"
     lines.append(f'{label:<42}'
                  f'{100 * results["trained/linear_eval_top1"]:>21.2f}%')
+  if skipped := results.get('data/skipped_records'):
+    lines.append(f'{skipped} undecodable images replaced in training, left '
+                 'out of the scores (data/skipped_files)')
   lines += ['-' * 64,
             f'steps {results.get("steps")}, training {results.get("train_seconds")}'
             f' s, {results.get("images_per_sec", float("nan")):.0f} images/s, '

@@ -461,6 +461,9 @@ def validate_config(config, num_devices: int | None = None) -> None:
   if (ds.validation_size or ds.imbalance != 'none') and not ds.in_memory:
     raise ValueError('config.dataset.validation_size and .imbalance need '
                      'config.dataset.in_memory=True.')
+  if not 0 <= ds.max_bad_fraction <= 1:
+    raise ValueError(f'config.dataset.max_bad_fraction={ds.max_bad_fraction} '
+                     'must be in [0, 1] (0: stop at the first bad record).')
 
 
 def check_data_sizes(config, num_train: int) -> None:
@@ -486,7 +489,7 @@ def check_data_sizes(config, num_train: int) -> None:
           f'{num_train}.')
 
 
-def load_data(config):
+def load_data(config, classes=None):
   """(train, eval) sources of `config.dataset` (input_pipeline/sources.py).
 
   With `config.dataset.in_memory` each process holds the split in memory (an
@@ -496,14 +499,78 @@ def load_data(config):
   `config.dataset.imbalance` (CACR's subsets), see input_pipeline/splits.py.
   The eval source is the test split (`config.dataset.eval_split`), or the
   holdout when `config.eval.split == 'validation'`.
+
+  `classes` is a run's stored class list (`load_classes`): an image folder's
+  ids follow it, not the folder's current contents. Before returning, the
+  splits are checked: the same on every process, no more undecodable records
+  than `config.dataset.max_bad_fraction` (all of them decoded first with
+  `config.dataset.verify`), and any difference in their classes logged.
   """
   from input_pipeline import splits  # pylint: disable=g-import-not-at-top
   ds = config.dataset
-  train, validation = splits.prepare_train(
-      sources.open_split(ds, ds.train_split), ds)
-  if config.eval.split == 'validation':
-    return train, validation
-  return train, sources.open_split(ds, ds.eval_split)
+  if ds.name == 'image_folder' and classes is None and ds.data_dir:
+    classes = sources.folder_classes(ds.data_dir)   # One list, both splits.
+  train_name = f'training split {ds.train_split!r}'
+  eval_name = (f'evaluation split {ds.eval_split!r}'
+               if config.eval.split == 'test' else 'validation holdout')
+  opened = {train_name: sources.open_split(ds, ds.train_split, classes)}
+  if config.eval.split == 'test':
+    opened[eval_name] = sources.open_split(ds, ds.eval_split, classes)
+  for what, source in opened.items():
+    pipeline.check_same_on_every_process(what, sources.fingerprint(source))
+    if ds.get('verify', False) and not ds.in_memory:
+      logging.info('Decoding every record of the %s (config.dataset.verify).',
+                   what)
+      pipeline.scan(source)
+  count_skipped(config, opened)
+  train, validation = splits.prepare_train(opened[train_name], ds)
+  evaluation = opened.get(eval_name, validation)
+  for message in sources.class_warnings(train, evaluation,
+                                        train_name=train_name,
+                                        eval_name=eval_name):
+    logging.warning('Classes: %s', message)
+  return train, evaluation
+
+
+def count_skipped(config, named: dict[str, Any]) -> dict[str, Any]:
+  """The undecodable records found so far in each named split, agreed by
+  every process (a collective: call it on all at the same point).
+
+  Raises when a split has more than `config.dataset.max_bad_fraction` of
+  them. Returns results.json's entries: 'data/skipped_records' (all splits)
+  and 'data/skipped_files' (the first 100, sorted).
+  """
+  fraction = config.dataset.get('max_bad_fraction', 0.01)
+  found = []
+  for what, source in named.items():
+    skipped = pipeline.sync_skipped(source)
+    sources.check_skipped(what, skipped, len(source), fraction)
+    found += skipped.values()
+  return {'data/skipped_records': len(found),
+          'data/skipped_files': sorted(found)[:100]}
+
+
+def load_classes(workdir: str) -> tuple[str, ...] | None:
+  """The class list a run stored in `<workdir>/classes.json`, if any."""
+  path = os.path.join(workdir, 'classes.json')
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return tuple(json.load(f)['classes'])
+
+
+def _store_classes(workdir: str, stored, classes) -> None:
+  """Writes the run's class list once; refuses data with another one."""
+  if classes is None:
+    return
+  if stored is None:
+    if jax.process_index() == 0:
+      _write_json(os.path.join(workdir, 'classes.json'),
+                  {'classes': list(classes)})
+  elif tuple(stored) != tuple(classes):
+    raise ValueError(
+        f'workdir {workdir!r} holds a run with the classes {list(stored)} '
+        f'(classes.json); the data has {list(classes)}. Use a new --workdir.')
 
 
 class Preempted(Exception):
@@ -541,10 +608,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   Raises:
     Preempted: SIGTERM arrived; the checkpoint of the step reached is saved.
     FloatingPointError: a non-finite metric; earlier checkpoints are kept.
+    ValueError: a bad config or data, e.g. more undecodable records than
+      config.dataset.max_bad_fraction (at load, at a log step or after the
+      evaluation; docs/input_pipeline.md).
   """
   validate_config(config)
   _check_workdir(config, workdir)
-  train_data, test_data = data if data is not None else load_data(config)
+  stored_classes = load_classes(workdir)
+  train_data, test_data = data if data is not None else load_data(
+      config, stored_classes)
+  _store_classes(workdir, stored_classes, train_data.classes)
   check_data_sizes(config, len(train_data))
   logging.info('Data: %d training and %d evaluation examples of shape %s; '
                'compiling the step.', len(train_data), len(test_data),
@@ -593,6 +666,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   # Entries past the restored step belong to steps that will be redone.
   history = [h for h in _load_history(workdir) if h['step'] <= start]
   preempted = _preemption_check()
+  splits_read = {'training data': train_data, 'evaluation data': test_data}
   # A log line every log_every_steps; under a progress bar (a terminal), the
   # bar shows every step, so a lasting line only every ~10% of the run.
   line_every = config.log_every_steps
@@ -633,6 +707,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
             speed = f'  {scalars["images_per_sec"]:.0f} img/s'
             eta = '  ETA ' + _fmt_time((total_steps - done) * (now - t0) /
                                        (done - timed_from))
+          # Stops a streamed run once too many bad records have turned up.
+          count_skipped(config, splits_read)
           writer.write_scalars(done, scalars)
           history.append({'step': done, **scalars})
           bar.set_postfix_str(f'loss {scalars["loss"]:.4f}{speed}')
@@ -677,6 +753,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     results.update(evaluate.papers_linear_eval(
         config, setup.model, evaluate.variables_of(state), train_data,
         test_data, mesh))
+  # Evaluation has read every record of both splits: the full count.
+  results.update(count_skipped(config, splits_read))
+  if results['data/skipped_records']:
+    logging.warning('%d undecodable records were replaced by black images in '
+                    'training and left out of evaluation: %s',
+                    results['data/skipped_records'],
+                    ', '.join(results['data/skipped_files']))
   results.update(steps=total_steps, train_seconds=round(train_seconds, 1),
                  resumed_from_step=restored_step)
   logged = [h for h in history if 'loss' in h]

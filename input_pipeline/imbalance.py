@@ -114,7 +114,7 @@ def imbalanced_subset(data: pipeline.ArrayDataset, *, rule: str = 'linear',
   """
   idx = imbalanced_indices(data.labels, rule=rule, num_levels=num_levels,
                            seed=seed, num_classes=data.num_classes)
-  subset = pipeline.ArrayDataset(data.images[idx], data.labels[idx])
+  subset = data.take(idx)
   counts = np.bincount(subset.labels, minlength=data.num_classes)
   logging.info('%s-imbalanced subset: %d of %d examples; per-class counts %s',
                rule, subset.num_examples, data.num_examples, counts.tolist())

@@ -37,9 +37,15 @@ class ArrayDataset:
   """A split held in host memory: a source (see `sources.py`) of arrays.
 
   The position of an example is its stable id (`index` in training batches).
+  `classes` names the class ids when the data has names (an image folder's
+  class list, a TFDS ClassLabel); without it the ids run to the largest
+  label. `skipped` maps the ids of records that could not be decoded (black
+  substitutes, see `sources.ImageFolder`) to what was wrong with them.
   """
   images: np.ndarray   # [M, H, W, C] uint8
   labels: np.ndarray   # [M] int32
+  classes: tuple[str, ...] | None = None
+  skipped: dict[int, str] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     if self.images.ndim != 4:
@@ -58,6 +64,8 @@ class ArrayDataset:
 
   @property
   def num_classes(self) -> int:
+    if self.classes is not None:
+      return len(self.classes)
     return int(self.labels.max()) + 1
 
   @property
@@ -68,13 +76,24 @@ class ArrayDataset:
     indices = np.asarray(indices, np.int64)
     return {'image': self.images[indices], 'label': self.labels[indices]}
 
+  def take(self, indices) -> 'ArrayDataset':
+    """The examples `indices`, renumbered 0..len(indices)-1."""
+    indices = np.asarray(indices, np.int64)
+    new_id = ({int(old): new for new, old in enumerate(indices)}
+              if self.skipped else {})
+    return ArrayDataset(
+        self.images[indices], self.labels[indices], classes=self.classes,
+        skipped={new_id[i]: why for i, why in self.skipped.items()
+                 if i in new_id})
+
   @classmethod
   def from_source(cls, source, chunk: int = 4096) -> 'ArrayDataset':
     """Reads a whole source into memory."""
     parts = [source.read(np.arange(i, min(i + chunk, len(source))))
              for i in range(0, len(source), chunk)]
     return cls(np.concatenate([p['image'] for p in parts]),
-               np.concatenate([p['label'] for p in parts]).astype(np.int32))
+               np.concatenate([p['label'] for p in parts]).astype(np.int32),
+               classes=source.classes, skipped=dict(source.skipped))
 
 
 class Subset:
@@ -85,12 +104,19 @@ class Subset:
     self.indices = np.asarray(indices, np.int64)
     self.num_classes = source.num_classes
     self.image_shape = source.image_shape
+    self.classes = source.classes
 
   def __len__(self) -> int:
     return len(self.indices)
 
   def read(self, indices) -> dict[str, np.ndarray]:
     return self.source.read(self.indices[np.asarray(indices, np.int64)])
+
+  @property
+  def skipped(self) -> dict[int, str]:
+    bad = self.source.skipped
+    return {j: bad[i] for j, i in enumerate(self.indices.tolist())
+            if i in bad} if bad else {}
 
 
 @functools.lru_cache(maxsize=2)   # Thread-safe; prefetch threads share it.
@@ -133,12 +159,16 @@ class _HostBatch:
     b = self.global_batch_size
     return _permutation(self.seed, self.num_examples, epoch)[i * b:(i + 1) * b]
 
-  def __call__(self, step: int) -> dict[str, np.ndarray]:
+  def __call__(self, step: int) -> dict[str, Any]:
+    """The arrays, and under 'skipped' the batch's undecodable records (a
+    worker process reports them this way; see `sources.ImageFolder`)."""
     local = process_slice(self.global_indices(step), self.process_index,
                           self.process_count)
     batch = self.source.read(local)
+    bad = getattr(self.source, 'skipped', None) or {}
     return {'image': batch['image'], 'label': batch['label'].astype(np.int32),
-            'index': local.astype(np.int32)}
+            'index': local.astype(np.int32),
+            'skipped': {int(i): bad[int(i)] for i in local if int(i) in bad}}
 
 
 class TrainBatches:
@@ -188,7 +218,13 @@ class TrainBatches:
 
   def __call__(self, step: int) -> dict[str, jax.Array]:
     """Returns {'image': [B,H,W,C] uint8, 'label': [B], 'index': [B]}."""
-    return _to_mesh(self.host_batch(step), self.sharding)
+    return self._on_mesh(self.host_batch(step))
+
+  def _on_mesh(self, host: dict[str, Any]) -> dict[str, jax.Array]:
+    skipped = host.pop('skipped')
+    if skipped and self.num_workers:   # Found in a worker process.
+      self.source.note_skipped(skipped)
+    return _to_mesh(host, self.sharding)
 
   def iterate(self, start_step: int, stop_step: int
               ) -> Iterator[dict[str, jax.Array]]:
@@ -215,7 +251,7 @@ class TrainBatches:
       it = ds.to_iter_dataset(grain.ReadOptions(
           num_threads=self.prefetch, prefetch_buffer_size=self.prefetch))
     for host in it:
-      yield _to_mesh(host, self.sharding)
+      yield self._on_mesh(host)
 
 
 def eval_batches(source, *, batch_size: int, sharding: jax.sharding.Sharding
@@ -225,6 +261,8 @@ def eval_batches(source, *, batch_size: int, sharding: jax.sharding.Sharding
   Every process yields the same number of global batches; the last one is
   zero-padded to `batch_size` with `mask` False, so one compiled function
   serves every batch. Each process reads only its contiguous part of each.
+  Records the source could not decode (`source.skipped`, known once read)
+  are masked too: no score counts their black substitutes.
   """
   n = len(source)
   nproc, pid = jax.process_count(), jax.process_index()
@@ -236,6 +274,8 @@ def eval_batches(source, *, batch_size: int, sharding: jax.sharding.Sharding
     valid = ids < n   # Past the end: padding, read as zeros.
     batch = source.read(ids[valid])
     pad = len(ids) - int(valid.sum())
+    if source.skipped:
+      valid = valid & ~np.isin(ids, list(source.skipped))
     host = {
         'image': np.concatenate([batch['image'], np.zeros(
             (pad,) + tuple(source.image_shape), np.uint8)]),
@@ -244,3 +284,68 @@ def eval_batches(source, *, batch_size: int, sharding: jax.sharding.Sharding
         'mask': valid,
     }
     yield _to_mesh(host, sharding)
+
+
+def _union_over_processes(ids: np.ndarray) -> np.ndarray:
+  """The sorted union of every process's `ids` (int32), on every process."""
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  counts = multihost_utils.process_allgather(np.asarray([len(ids)], np.int32))
+  width = int(np.max(counts))
+  if not width:
+    return np.zeros((0,), np.int32)
+  # A power of two: a handful of shapes (each compiles once) as counts grow.
+  padded = np.full((1 << (width - 1).bit_length(),), -1, np.int32)
+  padded[:len(ids)] = ids
+  every = np.asarray(multihost_utils.process_allgather(padded))
+  return np.unique(every[every >= 0])
+
+
+def sync_skipped(source) -> dict[int, str]:
+  """The undecodable records of `source` found by any process so far.
+
+  A streamed split's records are found by the process that reads them; the
+  others decode the ids they lack themselves (a bad file fails again, and is
+  recorded with its name), so every process returns the same ids. A
+  collective with several processes: call it on all at the same point.
+  """
+  if jax.process_count() == 1:
+    return dict(source.skipped)
+  ids = _union_over_processes(np.fromiter(source.skipped, np.int32))
+  missing = [int(i) for i in ids if int(i) not in source.skipped]
+  if missing:
+    source.read(missing)
+  return {int(i): source.skipped.get(
+      int(i), f'record {i} (undecodable on another process only)')
+          for i in ids}
+
+
+def scan(source, chunk: int = 1024) -> dict[int, str]:
+  """Decodes every record of `source` once (each process a share) and
+  returns `sync_skipped`: every undecodable record, before any training."""
+  share = np.array_split(np.arange(len(source)),
+                         jax.process_count())[jax.process_index()]
+  for start in range(0, len(share), chunk):
+    source.read(share[start:start + chunk])
+  return sync_skipped(source)
+
+
+def check_same_on_every_process(what: str, digest: bytes) -> None:
+  """Raises on every process when the processes' `digest`s of `what` differ.
+
+  Each process lists and labels the files itself: one that sees another
+  version of the data (a lagging network file system, another data_dir)
+  would train with other ids for the same examples.
+  """
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  mine = np.frombuffer(digest[:16], np.int32)
+  every = np.asarray(multihost_utils.process_allgather(mine))
+  differ = [p for p in range(len(every))
+            if not np.array_equal(every[p], every[0])]
+  if differ:
+    raise ValueError(
+        f'{what} differs between processes ({differ} against 0): every '
+        'process must read the same files with the same class list; check '
+        'that config.dataset.data_dir is the same complete copy on every '
+        'host.')

@@ -5,6 +5,9 @@ A source is a sized, indexable split:
     len(source)                    number of examples M
     source.read(indices)           {'image': [B, H, W, C] uint8, 'label': [B]}
     source.num_classes, source.image_shape
+    source.classes                 class names by id, or None
+    source.skipped                 {id: what was wrong} of the records found
+                                   undecodable so far (black substitutes)
 
 Random access is what makes the input pipeline simple at pod scale: the global
 order is a pure function of (seed, step) (`pipeline.TrainBatches`), each
@@ -18,7 +21,8 @@ of processes, with no iterator state. Three kinds:
   through `tfds.data_source` (imagenet2012: 1.28M JPEGs, never all in memory;
   each read decodes only the requested records).
 * `ImageFolder`: `root/<split>/<class>/*.jpg|png` (TFDS ImageFolder's
-  layout), classes in sorted order: custom data, and the tests' JPEG sets.
+  layout), one class list for every split: custom data, and the tests' JPEG
+  sets.
 * `read_npz`: `root/<split>.npz` holding `image` [M, H, W, C] uint8 and
   `label` [M] int arrays, read whole into an `ArrayDataset`: data that is
   already arrays, and hosts without TensorFlow (TFDS needs it to build).
@@ -38,6 +42,7 @@ import hashlib
 import os
 import pathlib
 import re
+import threading
 import zipfile
 from collections.abc import Sequence
 
@@ -82,21 +87,73 @@ def fit_square(image: np.ndarray, size: int | None, channels: int
   return np.ascontiguousarray(image, dtype=np.uint8)
 
 
+def decode_image(path, size: int, channels: int) -> np.ndarray:
+  """An image file -> [size, size, channels] uint8 (`fit_square`).
+
+  Every PIL mode becomes 8-bit grey or RGB: palette images through their
+  palette, CMYK by PIL's conversion, alpha dropped (the colour channels as
+  stored, as TensorFlow's decoders do), 16-bit grey scaled by 255 / 65535
+  (PIL's own conversion would clip it at 255).
+  """
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  mode = 'RGB' if channels == 3 else 'L'
+  with Image.open(path) as im:
+    # draft() lets the JPEG decoder skip resolution we would throw away.
+    im.draft(mode, (size, size))
+    if im.mode.startswith('I'):      # 'I;16', 'I;16B', 'I': integer grey.
+      image = np.clip(np.round(np.asarray(im, np.float64) / 257), 0,
+                      255).astype(np.uint8)
+    else:
+      image = np.asarray(im.convert(mode))
+  return fit_square(image, size, channels)
+
+
 class _ThreadedReader:
-  """Reads examples one by one on a thread pool (decoders release the GIL)."""
+  """Reads examples one by one on a thread pool (decoders release the GIL).
+
+  `skipped` collects the records that could not be decoded, as they are
+  found (each logged once). It is replaced, never changed in place, so a
+  reader on another thread (the online kNN while batches are prefetched)
+  iterates over a consistent dict.
+  """
 
   num_threads: int = min(16, os.cpu_count() or 1)
   _pool: concurrent.futures.ThreadPoolExecutor | None = None
+  classes: tuple[str, ...] | None = None
+
+  def __init__(self):
+    self.skipped: dict[int, str] = {}
+    self._skipped_lock = threading.Lock()
+
+  def _skip(self, i: int, why: str, *, log: bool = True) -> None:
+    with self._skipped_lock:
+      if i in self.skipped:
+        return
+      self.skipped = {**self.skipped, i: why}
+    if log:
+      logging.warning('Cannot decode %s; it is replaced by a black image in '
+                      'training and left out of evaluation '
+                      '(config.dataset.max_bad_fraction).', why)
+
+  def note_skipped(self, found: dict[int, str]) -> None:
+    """Records what a decoding worker process found (it logged them)."""
+    for i, why in found.items():
+      self._skip(int(i), why, log=False)
 
   def _read_one(self, i: int) -> tuple[np.ndarray, int]:
     raise NotImplementedError
 
   def __getstate__(self):
     # Decoding worker processes receive the source pickled; each starts its
-    # own pool.
+    # own pool and lock.
     state = dict(self.__dict__)
     state.pop('_pool', None)
+    state.pop('_skipped_lock', None)
     return state
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._skipped_lock = threading.Lock()
 
   def _read_chunk(self, indices: list[int]) -> list[tuple[np.ndarray, int]]:
     return [self._read_one(i) for i in indices]
@@ -122,30 +179,79 @@ class _ThreadedReader:
     return pipeline.ArrayDataset.from_source(self)
 
 
+def _visible_dirs(path) -> list[str]:
+  """Sorted names of the sub-directories of `path`, hidden ones left out."""
+  with os.scandir(path) as it:
+    return sorted(e.name for e in it
+                  if e.is_dir() and not e.name.startswith('.'))
+
+
+def folder_classes(root: str | os.PathLike) -> tuple[str, ...]:
+  """The class list of an image folder: the sorted union of the class folder
+  names of all its splits (as TFDS's ImageFolder builder), so that a class
+  has the same id in every split, whichever splits lack it."""
+  root = pathlib.Path(root)
+  if not root.is_dir():
+    return ()
+  return tuple(sorted({c for split in _visible_dirs(root)
+                       for c in _visible_dirs(root / split)}))
+
+
 class ImageFolder(_ThreadedReader):
   """`root/<split>/<class>/<file>` images, as TFDS's ImageFolder lays them out.
 
   Examples are the files in sorted (class, file name) order, so an index is a
-  stable example id. Labels are class ids in sorted class-name order.
+  stable example id. Labels are ids in `classes`: the dataset's class list
+  (`folder_classes`, or a run's stored one), never this split's own, so
+  every split labels a class alike. Hidden files and folders (".DS_Store",
+  "._x.jpg", ".ipynb_checkpoints") are not data; other files that are not
+  .jpg/.jpeg/.png in any case are ignored with a warning. A file that does
+  not decode becomes a black image and is recorded in `skipped`.
   """
 
   def __init__(self, root: str | os.PathLike, split: str, *,
-               image_size: int, channels: int = 3):
+               image_size: int, channels: int = 3,
+               classes: Sequence[str] | None = None):
+    super().__init__()
     split_dir = pathlib.Path(root) / split
     if not split_dir.is_dir():
-      have = sorted(p.name for p in pathlib.Path(root).iterdir()
-                    if p.is_dir()) if pathlib.Path(root).is_dir() else []
+      have = _visible_dirs(root) if pathlib.Path(root).is_dir() else []
       raise FileNotFoundError(
           f'image folder split {str(split_dir)!r} does not exist (splits '
           f'there: {have or "none"}); lay images out as '
           '<config.dataset.data_dir>/<split>/<class>/<image>.')
-    self.classes = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
-    self.files, labels = [], []
+    self.classes = tuple(folder_classes(root) if classes is None
+                         else classes)
+    found = _visible_dirs(split_dir)
+    unknown = sorted(set(found) - set(self.classes))
+    if unknown:
+      raise ValueError(
+          f'{split_dir} has class folders {unknown} outside the run\'s class '
+          f'list {list(self.classes)} (<workdir>/classes.json): a run keeps '
+          'the class ids it started with; train on new classes in a new '
+          '--workdir.')
+    self.files, labels, ignored = [], [], []
     for label, name in enumerate(self.classes):
-      for f in sorted((split_dir / name).iterdir()):
-        if f.suffix.lower() in IMAGE_EXTENSIONS:
-          self.files.append(f)
+      if name not in found:
+        continue
+      with os.scandir(split_dir / name) as it:
+        entries = sorted((e for e in it if not e.name.startswith('.')),
+                         key=lambda e: e.name)
+      for e in entries:
+        if e.is_file() and os.path.splitext(e.name)[1].lower() in (
+            IMAGE_EXTENSIONS):
+          self.files.append(pathlib.Path(e.path))
           labels.append(label)
+        else:
+          ignored.append(e.path)
+    with os.scandir(split_dir) as it:
+      ignored += sorted(e.path for e in it
+                        if not e.is_dir() and not e.name.startswith('.'))
+    if ignored:
+      logging.warning('%s: ignoring %d entries that are not %s files in a '
+                      'class folder: %s', split_dir, len(ignored),
+                      '/'.join(IMAGE_EXTENSIONS), ', '.join(ignored[:5]) +
+                      (', ...' if len(ignored) > 5 else ''))
     if not self.files:
       raise FileNotFoundError(f'no {"/".join(IMAGE_EXTENSIONS)} images under '
                               f'{split_dir}/<class>/.')
@@ -161,13 +267,17 @@ class ImageFolder(_ThreadedReader):
     return len(self.classes)
 
   def _read_one(self, i):
-    from PIL import Image  # pylint: disable=g-import-not-at-top
-    with Image.open(self.files[i]) as im:
-      # draft() lets the JPEG decoder skip resolution we would throw away.
-      im.draft('RGB' if self._channels == 3 else 'L',
-               (self._size, self._size))
-      image = np.asarray(im.convert('RGB' if self._channels == 3 else 'L'))
-    return fit_square(image, self._size, self._channels), int(self.labels[i])
+    try:
+      image = decode_image(self.files[i], self._size, self._channels)
+    except MemoryError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      # Whatever the decoder raises (not an image, truncated, a broken
+      # chunk), it concerns this one file: a deterministic substitute keeps
+      # the batch's shape and a resumed run's batches exact.
+      self._skip(i, f'{self.files[i]} ({type(e).__name__}: {e})')
+      image = np.zeros(self.image_shape, np.uint8)
+    return image, int(self.labels[i])
 
 
 class TfdsSource(_ThreadedReader):
@@ -177,6 +287,7 @@ class TfdsSource(_ThreadedReader):
                image_size: int | None):
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     from input_pipeline import datasets  # pylint: disable=g-import-not-at-top
+    super().__init__()
     builder = datasets.get_builder(name, data_dir)
     if split not in builder.info.splits and '[' not in split:
       raise ValueError(f'{name!r} has no split {split!r}; splits: '
@@ -188,6 +299,7 @@ class TfdsSource(_ThreadedReader):
     features = builder.info.features
     image = features['image']
     self.num_classes = features['label'].num_classes
+    self.classes = tuple(features['label'].names)
     channels = image.shape[-1] or 3
     if image_size is None:
       if None in image.shape[:2]:
@@ -228,7 +340,8 @@ class TfdsSource(_ThreadedReader):
       return super().read_all()
     try:
       with np.load(self.decoded_path) as f:
-        data = pipeline.ArrayDataset(f['image'], f['label'])
+        data = pipeline.ArrayDataset(f['image'], f['label'],
+                                     classes=self.classes)
       if len(data) == len(self) and data.image_shape == self.image_shape:
         return data
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):
@@ -295,15 +408,18 @@ def read_npz(root: str | os.PathLike, split: str):
                                labels[part].astype(np.int32))
 
 
-def open_split(dataset_config, split: str):
+def open_split(dataset_config, split: str,
+               classes: Sequence[str] | None = None):
   """The source of `split` for `config.dataset` (name, data_dir, image_size,
   in_memory).
 
-  `name='image_folder'` reads `data_dir/<split>/<class>/*`; `name='npz'`
-  reads `data_dir/<split>.npz` (`read_npz`, always in memory); any other
-  name is a TFDS dataset (built or checked by `datasets.get_builder`). With
-  `in_memory`, the split is read once into an `ArrayDataset` (a TFDS split
-  decoded once per machine, `TfdsSource.read_all`).
+  `name='image_folder'` reads `data_dir/<split>/<class>/*`, labelled by
+  `classes` (default: the folder's class list, `folder_classes`);
+  `name='npz'` reads `data_dir/<split>.npz` (`read_npz`, always in memory);
+  any other name is a TFDS dataset (built or checked by
+  `datasets.get_builder`). With `in_memory`, the split is read once into an
+  `ArrayDataset` (a TFDS split decoded once per machine,
+  `TfdsSource.read_all`).
   """
   dc = dataset_config
   if dc.name == 'npz':
@@ -325,8 +441,92 @@ def open_split(dataset_config, split: str):
     if not dc.image_size:
       raise ValueError('an image folder needs config.dataset.image_size '
                        '(its images are resized and centre-cropped to it).')
-    source = ImageFolder(dc.data_dir, split, image_size=dc.image_size)
+    source = ImageFolder(dc.data_dir, split, image_size=dc.image_size,
+                         classes=classes)
   else:
     source = TfdsSource(dc.name, split, data_dir=dc.data_dir,
                         image_size=dc.image_size)
   return source.read_all() if dc.in_memory else source
+
+
+# --------------------------------------------------------------------------
+# What a run checks about its splits (train.load_data): bad records, classes.
+# --------------------------------------------------------------------------
+
+def check_skipped(what: str, skipped: dict[int, str], size: int,
+                  max_fraction: float) -> None:
+  """Raises, listing the bad records, when more than `max_fraction` of the
+  `size` records of a split (`what`, e.g. "training split 'train'") are
+  undecodable (`skipped`: id -> file and error)."""
+  if len(skipped) <= max_fraction * size:
+    return
+  listed = [skipped[i] for i in sorted(skipped)]
+  shown = '; '.join(listed[:20]) + (
+      f'; and {len(listed) - 20} more (each logged above)'
+      if len(listed) > 20 else '')
+  raise ValueError(
+      f'{len(skipped)} of the {size} records of the {what} cannot be decoded, '
+      f'more than config.dataset.max_bad_fraction={max_fraction} of it: '
+      f'{shown}. Remove or replace these files (config.dataset.verify=True '
+      'lists every bad file before training starts), or raise '
+      'config.dataset.max_bad_fraction to train with black images in their '
+      'place.')
+
+
+def _names(classes, ids) -> str:
+  ids = list(ids)
+  named = [repr(classes[c]) if classes else f'id {c}' for c in ids[:20]]
+  return ', '.join(named) + (f' and {len(ids) - 20} more'
+                             if len(ids) > 20 else '')
+
+
+def class_warnings(train, evaluation, *, train_name: str,
+                   eval_name: str) -> list[str]:
+  """What a user must know when two splits' classes differ: one message each.
+
+  Compares `num_classes`, and, where the sources know their labels without
+  decoding (`labels`: image folders, in-memory splits), which classes have
+  examples in which split.
+  """
+  out = []
+  if train.num_classes != evaluation.num_classes:
+    out.append(
+        f'the {train_name} has {train.num_classes} classes and the '
+        f'{eval_name} {evaluation.num_classes}: scores take ids 0..'
+        f'{max(train.num_classes, evaluation.num_classes) - 1} to mean the '
+        'same classes in both.')
+  train_labels = getattr(train, 'labels', None)
+  eval_labels = getattr(evaluation, 'labels', None)
+  if train_labels is None or eval_labels is None:
+    return out
+  n = max(train.num_classes, evaluation.num_classes)
+  in_train = np.bincount(train_labels, minlength=n) > 0
+  in_eval = np.bincount(eval_labels, minlength=n) > 0
+  classes = train.classes or evaluation.classes
+  if (lacking := np.flatnonzero(in_train & ~in_eval)).size:
+    out.append(f'the {eval_name} has no examples of {_names(classes, lacking)}'
+               f', which the {train_name} has; every split labels a class '
+               'with the same id, so the scores stay correct.')
+  if (lacking := np.flatnonzero(in_eval & ~in_train)).size:
+    count = int(np.isin(eval_labels, lacking).sum())
+    out.append(f'the {train_name} has no examples of '
+               f'{_names(classes, lacking)}, which the {eval_name} has: '
+               f'nothing can predict them, so its {count} examples of them '
+               'count as errors.')
+  if classes and (empty := np.flatnonzero(~in_train & ~in_eval)).size:
+    out.append(f'{_names(classes, empty)} have no examples in either split '
+               '(empty class folders, or slices without them); they keep '
+               'their ids.')
+  return out
+
+
+def fingerprint(source) -> bytes:
+  """What every process must agree on about a split: its size, class list,
+  labels and (image folders) files."""
+  h = hashlib.sha256(repr((len(source), source.classes)).encode())
+  labels = getattr(source, 'labels', None)
+  if labels is not None:
+    h.update(np.asarray(labels, np.int32).tobytes())
+  for f in getattr(source, 'files', ()):
+    h.update(f'{f.parent.name}/{f.name}\n'.encode())
+  return h.digest()

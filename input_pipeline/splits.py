@@ -82,10 +82,6 @@ def stratified_holdout_indices(labels, size: int, *,
   return np.flatnonzero(keep), validation
 
 
-def _take(data: pipeline.ArrayDataset, idx) -> pipeline.ArrayDataset:
-  return pipeline.ArrayDataset(data.images[idx], data.labels[idx])
-
-
 def holdout(data: pipeline.ArrayDataset, size: int, *,
             seed: int = VALIDATION_SEED
             ) -> tuple[pipeline.ArrayDataset, pipeline.ArrayDataset]:
@@ -96,7 +92,7 @@ def holdout(data: pipeline.ArrayDataset, size: int, *,
   """
   train_idx, val_idx = stratified_holdout_indices(
       data.labels, size, seed=seed, num_classes=data.num_classes)
-  return _take(data, train_idx), _take(data, val_idx)
+  return data.take(train_idx), data.take(val_idx)
 
 
 def prepare_train(data, dataset_config):

@@ -9,8 +9,10 @@ reads and decodes only its part of each batch), through pretraining, the
 online kNN, the final kNN, the linear probe and the papers' linear evaluation
 (SGD on augmented images):
 
-1. A generated JPEG image folder (4 classes, 20x20 RGB decoded to 16x16),
-   MoCo v2 with its queue sharded over the 8 devices of both processes:
+1. A generated JPEG image folder (4 classes, 20x20 RGB decoded to 16x16,
+   and 3 undecodable files that every run must replace, leave out of the
+   scores and count alike), MoCo v2 with its queue sharded over the 8
+   devices of both processes:
    a. 1 process x 8 devices (the reference);
    b. 2 processes x 4 devices, uninterrupted: must match (a);
    c. 2 processes x 4 devices, sent SIGTERM mid-run (both must save the same
@@ -53,6 +55,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from tests.synthetic_data import add_bad_files  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tests.synthetic_data import make_jpeg_folder  # pylint: disable=g-import-not-at-top,wrong-import-position
 RTOL = 1e-3          # Of each array's max |x|; see the module docstring.
 ACC_TOL = 0.01       # Accuracy difference: 2 of the 256 JPEG test images.
@@ -177,6 +180,10 @@ def compare(name: str, a_dir: str, b_dir: str, *, exact: bool) -> bool:
       ok = False
   ra, rb = (json.load(open(os.path.join(d, 'results.json')))
             for d in (a_dir, b_dir))
+  for k in ('data/skipped_records', 'data/skipped_files'):
+    if ra[k] != rb[k]:
+      print(f'  {name}: {k} {ra[k]} vs {rb[k]}')
+      ok = False
   for k in ACC_KEYS:
     diff = abs(ra[k] - rb[k])
     if (exact and diff) or diff > ACC_TOL:
@@ -217,6 +224,7 @@ def main() -> int:
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0')
     folder = os.path.join(tmp, 'jpeg')
     make_jpeg_folder(folder)
+    bad = add_bad_files(os.path.join(folder, 'train', 'class_1'))
     jpeg = JPEG + [f'--config.dataset.data_dir={folder}']
     w = {k: os.path.join(tmp, k) for k in
          ('jpeg_1x8', 'jpeg_2x4', 'jpeg_2x4_interrupted', 'fm_1x8', 'fm_2x4')}
@@ -235,6 +243,11 @@ def main() -> int:
     ok &= run('jpeg_2x4', jpeg, 2, 4)
     ok = ok and compare('JPEG MoCo v2, 1x8 vs 2x4', w['jpeg_1x8'],
                         w['jpeg_2x4'], exact=False)
+    with open(os.path.join(w['jpeg_1x8'], 'results.json')) as f:
+      skipped = json.load(f)['data/skipped_files']
+    if [s.split(' (')[0] for s in skipped] != sorted(bad):
+      print(f'  the bad files counted are {skipped}, not {sorted(bad)}')
+      ok = False
 
     # Preemption: SIGTERM to one process once step 4 is saved; every process
     # must save the step they agree on and exit 143.

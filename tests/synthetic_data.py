@@ -40,3 +40,44 @@ def make_jpeg_folder(root: str, num_train: int = 768, num_test: int = 256,
       os.makedirs(d, exist_ok=True)
       Image.fromarray((np.clip(img, 0, 1) * 255).astype(np.uint8)).save(
           os.path.join(d, f'{i:05d}.jpg'), quality=90)
+
+
+COLOURS = {'a': (220, 30, 30), 'b': (30, 220, 30), 'c': (30, 30, 220),
+           'd': (220, 220, 30)}
+
+
+def make_colour_folder(root: str, layout: dict[str, dict[str, int]],
+                       seed: int = 0) -> None:
+  """root/<split>/<class>/<i>.jpg, `layout[split][class]` images per class.
+
+  Each class is one colour of `COLOURS` under mild noise, so raw pixels tell
+  the classes apart (kNN near 100%) and a mislabelled class shows at once.
+  """
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  for split, classes in layout.items():
+    for name, n in classes.items():
+      d = os.path.join(root, split, name)
+      os.makedirs(d, exist_ok=True)
+      for i in range(n):
+        img = np.array(COLOURS[name]) + rng.normal(0, 20, (20, 20, 3))
+        Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(
+            os.path.join(d, f'{i:03d}.jpg'), quality=90)
+
+
+def add_bad_files(class_dir: str) -> list[str]:
+  """Writes the undecodable files a real folder holds into `class_dir`: text
+  named .jpg, a JPEG cut in half and an empty .png. Returns their paths."""
+  good = next(os.path.join(class_dir, f) for f in sorted(os.listdir(class_dir))
+              if f.endswith('.jpg'))
+  with open(good, 'rb') as f:
+    jpeg = f.read()
+  contents = {'zz_text.jpg': b'not an image\n',
+              'zz_truncated.jpg': jpeg[:len(jpeg) // 2],
+              'zz_empty.png': b''}
+  paths = []
+  for name, data in contents.items():
+    paths.append(os.path.join(class_dir, name))
+    with open(paths[-1], 'wb') as f:
+      f.write(data)
+  return paths

@@ -102,3 +102,21 @@ def test_restore_onto_another_mesh_and_explicit_step(evaluated):
 def test_missing_run_is_a_clear_error(tmp_path):
   with pytest.raises(FileNotFoundError, match='config.json'):
     eval_checkpoint.evaluate_checkpoint(str(tmp_path), data=DATA)
+
+
+def test_an_image_folder_is_labelled_with_the_runs_classes(tmp_path):
+  # A run started on classes a and b (train.py wrote classes.json); the
+  # folder has gained a class since. Its ids cannot be the run's: refused,
+  # before any checkpoint is read.
+  config = test_config.get_config()
+  config.dataset.update(dict(name='image_folder', data_dir=str(tmp_path / 'd'),
+                             image_size=8, train_split='train',
+                             eval_split='test'))
+  synthetic_data.make_colour_folder(
+      str(tmp_path / 'd'), {'train': dict(a=2, b=2), 'test': dict(a=1, c=1)})
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  (workdir / 'config.json').write_text(config.to_json_best_effort())
+  (workdir / 'classes.json').write_text(json.dumps({'classes': ['a', 'b']}))
+  with pytest.raises(ValueError, match=r"class folders \['c'\].*classes.json"):
+    eval_checkpoint.evaluate_checkpoint(str(workdir))

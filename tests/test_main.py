@@ -18,6 +18,8 @@ import time
 import numpy as np
 import pytest
 
+from synthetic_data import add_bad_files
+from synthetic_data import make_colour_folder
 from synthetic_data import make_jpeg_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -175,3 +177,44 @@ def test_what_a_person_sees(folder, tmp_path):
   assert png[:8] == b'\x89PNG\r\n\x1a\n'
   # 16 x 9 inches at 90 dpi: the six-panel figure.
   assert struct.unpack('>II', png[16:24]) == (1440, 810)
+
+
+def test_a_folder_lacking_a_class_with_bad_files_ends_correctly(tmp_path):
+  """The image-folder troubles a new user meets, through main.py: a test
+  split lacking a training class is scored with the dataset's ids (a
+  warning names the class); bad files are named, replaced and counted, or,
+  past config.dataset.max_bad_fraction, stop the run before its first step
+  with the list."""
+  data = tmp_path / 'data'
+  make_colour_folder(str(data), {'train': dict(a=32, b=32, c=32),
+                                 'test': dict(a=16, c=16)})
+  bad = add_bad_files(str(data / 'train' / 'b'))
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8')
+  out = subprocess.run(
+      _flags(data, tmp_path / 'run', '--config.eval.baselines=True',
+             '--config.dataset.max_bad_fraction=0.05'),
+      cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert ("Classes: the evaluation split 'test' has no examples of 'b'"
+          in out.stderr), out.stderr[-3000:]
+  for path in bad:
+    assert f'Cannot decode {path} (' in out.stderr, path
+  with open(tmp_path / 'run' / 'results.json') as f:
+    results = json.load(f)
+  # One colour per class: raw pixels tell them apart, when the ids agree.
+  assert results['raw_pixels/knn_weighted_top1@5'] >= 0.95, results
+  assert results['data/skipped_records'] == 3
+  assert [s.split(' (')[0] for s in results['data/skipped_files']] == sorted(
+      bad)
+  with open(tmp_path / 'run' / 'classes.json') as f:
+    assert json.load(f) == {'classes': ['a', 'b', 'c']}
+  # In memory, with the default fraction (1%): 3 of 99 stop the run while
+  # the data loads, the files listed last.
+  out = subprocess.run(
+      _flags(data, tmp_path / 'refused', '--config.dataset.in_memory=True'),
+      cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+  assert out.returncode != 0
+  last = out.stderr.strip().splitlines()[-1]
+  assert "3 of the 99 records of the training split 'train'" in last, last
+  assert all(path in last for path in bad), last
+  assert not _checkpoint_dirs(tmp_path / 'refused')

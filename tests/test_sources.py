@@ -1,7 +1,13 @@
 """Random-access sources and the one batch path over them (pipeline.py)."""
 
 import gzip
+import json
 import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -11,9 +17,13 @@ from jax.sharding import PartitionSpec as P
 from ml_collections import config_dict
 from PIL import Image
 
+from configs import test as test_config
+from contrastive_jax import train
 from input_pipeline import datasets
 from input_pipeline import pipeline
 from input_pipeline import sources
+from synthetic_data import add_bad_files
+from synthetic_data import make_colour_folder
 from synthetic_data import make_jpeg_folder
 
 
@@ -50,7 +60,7 @@ def test_fit_square_crops_the_centre_and_keeps_a_constant_image():
 def test_image_folder_reads_sorted_classes_and_decodes_like_pil(folder):
   src = sources.ImageFolder(folder, 'train', image_size=16)
   assert len(src) == 40 and src.num_classes == 4
-  assert src.classes == ['class_0', 'class_1', 'class_2', 'class_3']
+  assert src.classes == ('class_0', 'class_1', 'class_2', 'class_3')
   assert src.image_shape == (16, 16, 3)
   # Labels are the sorted class ids; file order is sorted within a class.
   np.testing.assert_array_equal(np.bincount(src.labels), [10, 10, 10, 10])
@@ -219,8 +229,6 @@ def test_paper_config_without_its_dataset_fails_fast_naming_the_fix(
   # The real entry point and the papers' configs: without ImageNet prepared,
   # or CIFAR downloadable (no network here), it must stop before any training
   # with what to do, and leave nothing but config.json behind.
-  import subprocess
-  import sys
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = subprocess.run(
       [sys.executable, 'main.py', f'--config=configs/papers/simclr.py:{scale}',
@@ -260,3 +268,274 @@ def test_npz_splits_read_whole_or_sliced_and_errors_name_the_fix(tmp_path):
   np.savez(tmp_path / 'bad.npz', x=images)
   with pytest.raises(ValueError, match='needs the arrays "image"'):
     sources.read_npz(tmp_path, 'bad')
+# --------------------------------------------------------------------------
+# Real-world folders: one class list, bad files, odd images.
+# --------------------------------------------------------------------------
+
+def _folder_config(root, in_memory=True, **dataset):
+  config = test_config.get_config()
+  config.dataset.update(dict(name='image_folder', data_dir=str(root),
+                             image_size=8, train_split='train',
+                             eval_split='test', in_memory=in_memory,
+                             **dataset))
+  return config
+
+
+def _expected_labels(source, classes):
+  """Each file's label from its folder name's position in `classes`."""
+  return [classes.index(os.path.basename(os.path.dirname(f)))
+          for f in source.files]
+
+
+@pytest.mark.parametrize('in_memory', [True, False])
+def test_every_split_labels_a_class_alike_and_differences_are_logged(
+    tmp_path, caplog, in_memory):
+  # Test lacks b: its c must keep id 2 (the sorted union a, b, c), not 1.
+  make_colour_folder(str(tmp_path / 'one'), {'train': dict(a=4, b=4, c=4),
+                                             'test': dict(a=3, c=3)})
+  streamed = [sources.ImageFolder(tmp_path / 'one', s, image_size=8)
+              for s in ('train', 'test')]
+  for src in streamed:
+    np.testing.assert_array_equal(src.labels,
+                                  _expected_labels(src, ['a', 'b', 'c']))
+  train_data, test_data = train.load_data(
+      _folder_config(tmp_path / 'one', in_memory))
+  np.testing.assert_array_equal(test_data.labels, [0] * 3 + [2] * 3)
+  assert train_data.num_classes == test_data.num_classes == 3
+  warned = [r.getMessage() for r in caplog.records if 'Classes:' in
+            r.getMessage()]
+  assert len(warned) == 1 and "no examples of 'b'" in warned[0], warned
+  # Test has d, which train lacks: d gets id 3 in both, and the warning
+  # says its examples cannot be predicted.
+  caplog.clear()
+  make_colour_folder(str(tmp_path / 'two'), {'train': dict(a=4, b=4, c=4),
+                                             'test': dict(a=3, d=2)})
+  train_data, test_data = train.load_data(
+      _folder_config(tmp_path / 'two', in_memory))
+  np.testing.assert_array_equal(test_data.labels, [0] * 3 + [3] * 2)
+  assert train_data.num_classes == 4 and train_data.classes == tuple('abcd')
+  warned = ' '.join(r.getMessage() for r in caplog.records)
+  assert ("training split 'train' has no examples of 'd'" in warned and
+          'its 2 examples of them count as errors' in warned), warned
+
+
+def test_folder_contents_have_defined_outcomes(tmp_path, caplog):
+  """Image modes, extensions, empty, hidden and stray entries, tiny images."""
+  split = tmp_path / 'train'
+
+  def save(cls, name, array, mode=None, **kw):
+    (split / cls).mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array, mode).save(split / cls / name, **kw)
+
+  const = lambda value, shape=(12, 12): np.full(shape, value, np.uint8)
+  expected = {}     # file -> the RGB value every pixel must decode to
+  save('grey', 'g.png', const(77))
+  expected['grey/g.png'] = (77, 77, 77)
+  save('rgba', 'r.png', const((10, 200, 30, 5), (12, 12, 4)))
+  expected['rgba/r.png'] = (10, 200, 30)      # Alpha dropped, colour kept.
+  pal = Image.fromarray(const(1), 'L').convert('P')
+  pal.putpalette([0, 0, 0, 200, 10, 50] + [0] * 762)
+  (split / 'palette').mkdir(parents=True)
+  pal.save(split / 'palette' / 'p.png')
+  expected['palette/p.png'] = (200, 10, 50)
+  # 16-bit grey: 40000 / 65535 of white is round(40000 / 257) = 156 in 8
+  # bits (PIL's own conversion would clip it to 255).
+  save('deep', 'd.png', np.full((12, 12), 40000, np.uint16))
+  expected['deep/d.png'] = (156, 156, 156)
+  (split / 'cmyk').mkdir()
+  Image.fromarray(const((200, 30, 30), (12, 12, 3))).convert('CMYK').save(
+      split / 'cmyk' / 'c.jpg', quality=95)
+  expected['cmyk/c.jpg'] = (200, 30, 30)
+  for name in ('u.JPG', 'v.PNG', 'w.Jpeg'):
+    save('upper', name, const((90, 60, 30), (12, 12, 3)), quality=95)
+    expected[f'upper/{name}'] = (90, 60, 30)
+  save('small', 's.png', const((5, 6, 7), (3, 5, 3)))   # Under image_size.
+  expected['small/s.png'] = (5, 6, 7)
+  (split / 'empty').mkdir()
+  # Not data: hidden files (macOS metadata, an AppleDouble "._" twin that is
+  # no JPEG), a hidden class folder, and stray files.
+  (split / 'grey' / '.DS_Store').write_bytes(b'\0\1junk')
+  (split / 'grey' / '._g.jpg').write_bytes(b'\0\5\26\7AppleDouble')
+  save('.ipynb_checkpoints', 'g.png', const(1))
+  (split / 'grey' / 'notes.txt').write_text('about the images')
+  (split / 'README').write_text('a file outside the class folders')
+
+  src = sources.ImageFolder(tmp_path, 'train', image_size=16)
+  assert src.classes == ('cmyk', 'deep', 'empty', 'grey', 'palette', 'rgba',
+                         'small', 'upper')
+  got = {f'{f.parent.name}/{f.name}': i for i, f in enumerate(src.files)}
+  assert sorted(got) == sorted(expected)
+  batch = src.read(np.arange(len(src)))
+  assert batch['image'].shape == (len(expected), 16, 16, 3)
+  for name, value in expected.items():
+    image = batch['image'][got[name]].astype(int)
+    tol = 4 if name.lower().endswith(('.jpg', '.jpeg')) else 0
+    assert np.abs(image - np.array(value)).max() <= tol, (name, image[0, 0])
+  assert not src.skipped
+  # The empty folder's class keeps its id, and the log says it is empty.
+  assert any("'empty' have no examples in either split" in m
+             for m in sources.class_warnings(src, src, train_name='train',
+                                             eval_name='train'))
+  ignored = [r.getMessage() for r in caplog.records
+             if 'ignoring 2 entries' in r.getMessage()]
+  assert ignored and 'notes.txt' in ignored[0] and 'README' in ignored[0]
+
+
+def _bad_folder(root):
+  make_colour_folder(str(root), {'train': dict(a=6, b=6), 'test': dict(a=2)})
+  return add_bad_files(str(root / 'train' / 'b'))
+
+
+def test_undecodable_files_become_black_substitutes_named_once(tmp_path,
+                                                               caplog):
+  bad = _bad_folder(tmp_path)
+  src = sources.ImageFolder(tmp_path, 'train', image_size=8)
+  assert len(src) == 15
+  bad_ids = [src.files.index(pathlib.Path(p)) for p in bad]
+  for _ in range(2):      # Read twice: one warning per file all the same.
+    batch = src.read(np.arange(len(src)))
+  np.testing.assert_array_equal(batch['label'], _expected_labels(src,
+                                                                 ['a', 'b']))
+  good = np.setdiff1d(np.arange(15), bad_ids)
+  assert not batch['image'][bad_ids].any()
+  assert batch['image'][good].reshape(len(good), -1).max(1).min() > 100
+  assert sorted(src.skipped) == sorted(bad_ids)
+  for i, path in zip(bad_ids, bad):
+    assert src.skipped[i].startswith(path)
+  warned = [r.getMessage() for r in caplog.records
+            if r.getMessage().startswith('Cannot decode')]
+  assert sorted(w.split()[2] for w in warned) == sorted(bad)
+  # Evaluation leaves them out: masked like padding.
+  mask = np.concatenate([np.asarray(b['mask']) for b in pipeline.eval_batches(
+      src, batch_size=8, sharding=_sharding())])
+  np.testing.assert_array_equal(np.flatnonzero(~mask[:15]), sorted(bad_ids))
+  # In memory: the same substitutes, the same ids, kept through a subset.
+  dc = config_dict.ConfigDict(dict(name='image_folder', data_dir=str(tmp_path),
+                                   image_size=8, in_memory=True))
+  held = sources.open_split(dc, 'train')
+  np.testing.assert_array_equal(held.images, batch['image'])
+  assert sorted(held.skipped) == sorted(bad_ids)
+  part = held.take(np.array([bad_ids[1], 0, bad_ids[0]]))
+  assert sorted(part.skipped) == [0, 2]
+  # Past the allowed fraction: an error listing every file.
+  sources.check_skipped('training split', src.skipped, 15, 0.2)
+  with pytest.raises(ValueError, match='3 of the 15 records') as e:
+    sources.check_skipped('training split', src.skipped, 15, 0.1)
+  assert all(p in str(e.value) for p in bad)
+
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_resumed_batches_equal_uninterrupted_ones_with_bad_records(
+    tmp_path, num_workers):
+  bad = _bad_folder(tmp_path)
+  # A resumed process starts with a fresh source that has found nothing.
+  first, resumed = (sources.ImageFolder(tmp_path, 'train', image_size=8)
+                    for _ in range(2))
+  bad_ids = [first.files.index(pathlib.Path(p)) for p in bad]
+  make = lambda src: pipeline.TrainBatches(src, global_batch_size=8, seed=1,
+                                           sharding=_sharding(),
+                                           num_workers=num_workers)
+  whole = list(make(first).iterate(0, 6))      # 15 examples: 1 step/epoch
+  tail = list(make(resumed).iterate(3, 6))
+  for want, got in zip(whole[3:], tail):
+    for k in ('image', 'label', 'index'):
+      np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]))
+  seen = np.concatenate([np.asarray(b['index']) for b in whole])
+  assert set(bad_ids) & set(seen.tolist())      # The substitutes were used.
+  # Decoded in worker processes or not, the training process knows every bad
+  # record it was given (the streamed fraction check reads `skipped`).
+  assert sorted(first.skipped) == sorted(set(bad_ids) & set(seen.tolist()))
+  assert all(first.skipped[i].startswith(tuple(bad)) for i in first.skipped)
+  for b in whole:
+    for row, i in enumerate(np.asarray(b['index'])):
+      assert (i in bad_ids) == (not np.asarray(b['image'])[row].any())
+
+
+def test_verify_refuses_before_training_listing_every_bad_file(tmp_path):
+  bad = _bad_folder(tmp_path)
+  # Streamed without verify: nothing is decoded yet, so nothing is found.
+  train_data, _ = train.load_data(_folder_config(
+      tmp_path, in_memory=False, max_bad_fraction=0.))
+  assert not train_data.skipped
+  with pytest.raises(ValueError, match="training split 'train' cannot be "
+                     'decoded') as e:
+    train.load_data(_folder_config(tmp_path, in_memory=False, verify=True))
+  assert all(p in str(e.value) for p in bad)
+  # Within the allowed fraction: the run goes on, every bad file known.
+  train_data, _ = train.load_data(_folder_config(
+      tmp_path, in_memory=False, verify=True, max_bad_fraction=0.25))
+  assert sorted(train_data.skipped.values())[0].startswith(sorted(bad)[0])
+  assert len(train_data.skipped) == 3
+
+
+def test_a_runs_stored_class_list_keeps_its_ids(tmp_path):
+  make_colour_folder(str(tmp_path), {'train': dict(b=3, c=3),
+                                     'test': dict(b=2, c=2)})
+  # The run started with a, b, c; a's folders are gone since: c stays 2.
+  train_data, test_data = train.load_data(_folder_config(tmp_path),
+                                          classes=('a', 'b', 'c'))
+  np.testing.assert_array_equal(test_data.labels, [1, 1, 2, 2])
+  assert train_data.num_classes == 3
+  (tmp_path / 'test' / 'e').mkdir()
+  with pytest.raises(ValueError, match=r"class folders \['e'\].*classes.json"):
+    train.load_data(_folder_config(tmp_path), classes=('a', 'b', 'c'))
+
+
+_PROCESS_SCRIPT = '''
+import json, sys
+from contrastive_jax import runtime, train
+runtime.initialize_distributed()
+from configs import test as test_config
+config = test_config.get_config()
+config.dataset.update(dict(
+    name='image_folder', data_dir=sys.argv[1], image_size=8,
+    train_split='train', eval_split='test', in_memory=False, verify=True,
+    max_bad_fraction=0.5))
+try:
+  tr, te = train.load_data(config)
+  print('RESULT ' + json.dumps({'classes': tr.classes,
+                                'train': tr.labels.tolist(),
+                                'test': te.labels.tolist(),
+                                'skipped': sorted(tr.skipped.values())}))
+except ValueError as e:
+  print('RESULT ' + json.dumps({'error': str(e)}))
+'''
+
+
+def _two_processes(data_dirs):
+  """Runs `train.load_data` as 2 joined processes, one data_dir each."""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with socket.socket() as s:
+    s.bind(('localhost', 0))
+    port = s.getsockname()[1]
+  env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f'localhost:{port}',
+             JAX_NUM_PROCESSES='2', PYTHONPATH=repo, JAX_PLATFORMS='cpu',
+             XLA_FLAGS='--xla_force_host_platform_device_count=2')
+  procs = [subprocess.Popen(
+      [sys.executable, '-c', _PROCESS_SCRIPT, str(d)], cwd=repo, text=True,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      env=dict(env, JAX_PROCESS_ID=str(i))) for i, d in enumerate(data_dirs)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  for p, (out, err) in zip(procs, outs):
+    assert p.returncode == 0 and 'RESULT ' in out, err[-3000:]
+  # Gloo writes its own lines to stdout too.
+  return [json.loads(out.split('RESULT ', 1)[1].splitlines()[0])
+          for out, _ in outs]
+
+
+def test_every_process_reads_the_same_labels_and_bad_records(tmp_path):
+  # Each process scans half of the folder (config.dataset.verify); both end
+  # with every bad file, the same class list and labels.
+  bad = _bad_folder(tmp_path / 'data')
+  make_colour_folder(str(tmp_path / 'data'), {'test': dict(c=2)}, seed=1)
+  a, b = _two_processes([tmp_path / 'data'] * 2)
+  assert a == b, (a, b)
+  assert a['classes'] == ['a', 'b', 'c']
+  assert a['test'] == [0, 0, 2, 2]
+  assert [s.split(' (')[0] for s in a['skipped']] == sorted(bad)
+  # A process that sees another copy of the data (here one more class)
+  # stops, and so does the other: no run with two sets of ids.
+  shutil.copytree(tmp_path / 'data', tmp_path / 'other')
+  make_colour_folder(str(tmp_path / 'other'), {'test': dict(d=1)})
+  for out in _two_processes([tmp_path / 'data', tmp_path / 'other']):
+    assert 'differs between processes' in out.get('error', ''), out

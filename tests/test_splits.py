@@ -140,7 +140,8 @@ def test_defaults_change_nothing():
 def test_load_data_wires_the_options(monkeypatch):
   data, test = _dataset([60] * 3), _dataset([10] * 3, seed=1)
   monkeypatch.setattr(train.sources, 'open_split',
-                      lambda ds, split: {'train': data, 'test': test}[split])
+                      lambda ds, split, classes: {'train': data,
+                                                  'test': test}[split])
   config = default_config.get_config()
   config.dataset.validation_size = 30
   train_part, ev = train.load_data(config)
@@ -157,6 +158,7 @@ def test_load_data_wires_the_options(monkeypatch):
     ('eval.split', 'validation', 'validation_size > 0'),
     ('dataset.imbalance', 'step', 'imbalance'),
     ('dataset.imbalance_levels', -2, 'imbalance_levels'),
+    ('dataset.max_bad_fraction', 1.5, 'max_bad_fraction'),
 ])
 def test_bad_values_fail_early(field, value, match):
   config = default_config.get_config()
