@@ -560,10 +560,13 @@ def input_pipeline(args, out_dir: str) -> dict:
 
 
 def decode_rate(workers: int, root: str, batch: int = 64,
-                steps: int = 14) -> dict:
+                steps: int = 14, busy: bool = False) -> dict:
   """Host images/s of `TrainBatches.iterate` alone (no augmentation) over an
   ImageFolder at 224 px, decoding on threads (0) or in `workers` processes;
-  the first 2 batches (worker start-up) are not timed."""
+  the first 2 batches (worker start-up) are not timed. `busy` runs a
+  pure-Python thread in this process meanwhile, as a training loop's own
+  Python work competes for the interpreter lock with decoding threads."""
+  import threading  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
@@ -574,14 +577,25 @@ def decode_rate(workers: int, root: str, batch: int = 64,
       sources.ImageFolder(root, 'train', image_size=224),
       global_batch_size=batch, seed=0, num_workers=workers,
       sharding=NamedSharding(runtime.create_mesh(), P('data')))
+  stop = threading.Event()
+
+  def spin():
+    n = 0
+    while not stop.is_set():
+      n += 1
+
+  spinner = threading.Thread(target=spin, daemon=True)
+  if busy:
+    spinner.start()
   t0 = None
   for k, b in enumerate(batches.iterate(0, steps)):
     jax.block_until_ready(b['image'])
     if k == 1:
       t0 = time.perf_counter()
   rate = batch * (steps - 2) / (time.perf_counter() - t0)
-  return {'workers': workers, 'cores': len(os.sched_getaffinity(0)),
-          'images_per_s': rate}
+  stop.set()
+  return {'workers': workers, 'busy': busy,
+          'cores': len(os.sched_getaffinity(0)), 'images_per_s': rate}
 
 
 # --------------------------------------------------------------------------
@@ -696,6 +710,9 @@ def main() -> int:
                       help='Print the host decoding rate with this many '
                       'worker processes (0: threads) over the 1,024-JPEG '
                       'folder in --cache_dir, and exit.')
+  parser.add_argument('--busy', action='store_true',
+                      help='With --decode_rate: a pure-Python thread runs '
+                      'beside the decoding.')
   parser.add_argument('--_worker', default='', help=argparse.SUPPRESS)
   parser.add_argument('--batch', type=int, default=0, help=argparse.SUPPRESS)
   parser.add_argument('--flops_only', action='store_true',
@@ -710,7 +727,7 @@ def main() -> int:
   if args.decode_rate is not None:
     import contrastive_jax  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
     print(json.dumps(decode_rate(args.decode_rate, os.path.join(
-        args.cache_dir, 'jpeg', 'jpeg_1024_384'))))
+        args.cache_dir, 'jpeg', 'jpeg_1024_384'), busy=args.busy)))
     return 0
   parts = [p for p in args.parts.split(',') if p]
   unknown = set(parts) - set(PARTS)

@@ -64,9 +64,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Hold the split in host memory (small datasets); False reads every batch
   # from the files, each process only its part (ImageNet on a pod).
   config.dataset.in_memory = True
-  # Streamed sources: decode in this many worker processes (-1: one per core;
-  # a GPU host needs them: threads stop at about one core's worth of JPEG
-  # decoding); 0 decodes on threads in the training process.
+  # Streamed sources: decode in this many worker processes (-1: one per
+  # core); 0 decodes on a thread pool in the training process
+  # (docs/performance.md compares them).
   config.dataset.num_workers = 0
   # Bad data (docs/input_pipeline.md): an image that does not decode is
   # replaced by a black one in training and left out of evaluation, named in

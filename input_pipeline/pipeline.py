@@ -177,13 +177,12 @@ class TrainBatches:
   Batches drop the remainder of each epoch so every batch is full (MoCo's queue
   needs a constant batch size).
 
-  `num_workers` > 0 decodes in that many worker processes (-1: one per core) (grain's
-  multiprocessing prefetch), each reading whole host batches; 0 reads in this
-  process on the source's thread pool. Decoding JPEGs is partly Python work
-  under the GIL, so threads alone stop scaling at about one core's worth
-  (docs/performance.md, input pipeline); a host feeding a GPU needs the
-  processes. An in-memory `ArrayDataset` always reads in this process (a
-  gather, nothing to decode).
+  `num_workers` > 0 decodes in that many worker processes (-1: one per
+  core; grain's multiprocessing prefetch), each reading whole host batches;
+  0 reads in this process on the source's thread pool. Records a worker
+  finds undecodable reach this process's `source.skipped` with the batch.
+  An in-memory `ArrayDataset` always reads in this process (a gather,
+  nothing to decode).
   """
 
   def __init__(self, source, *, global_batch_size: int, seed: int,

@@ -55,7 +55,6 @@ def base(scale: str) -> ml_collections.ConfigDict:
     # the random resized crops of pretraining are cut from that square.
     config.dataset.image_size = 224
     config.dataset.in_memory = False  # Every host reads only its part.
-    config.dataset.num_workers = -1   # Decode on every core of the host.
     config.model.encoder = 'resnet50'
     config.model.encoder_kwargs = ml_collections.ConfigDict(
         {'stem': 'imagenet', 'stage_sizes': (3, 4, 6, 3), 'width': 64})
