@@ -208,3 +208,37 @@ def test_full_size_steps_of_the_other_scales_lower_on_16_devices():
   lowered = [tuple(line.split()[1:]) for line in out.stdout.splitlines()
              if line.startswith('lowered')]
   assert lowered == [(m, s, '16') for m, s in others]
+
+
+def test_resnet_configs_outside_papers_build_and_lower():
+  # configs/*.py experiments on a ResNet (GPU-sized runs such as
+  # simclr_resnet18_fmnist), which the small-CNN pinned steps cannot narrow:
+  # each validates, builds its full-size model and step, and lowers it on
+  # the 8 test devices at 2 images per device, on its dataset's image shape.
+  from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  names = sorted(n for _, n, is_pkg in pkgutil.iter_modules(
+      [os.path.join(REPO, 'configs')]) if not is_pkg and n != 'test')
+  resnets = [n for n in names if importlib.import_module(
+      f'configs.{n}').get_config().model.encoder != 'small_cnn']
+  assert 'simclr_resnet18_fmnist' in resnets
+  mesh = train.create_mesh()
+  rows = NamedSharding(mesh, P('data'))
+  for name in resnets:
+    c = importlib.import_module(f'configs.{name}').get_config()
+    train.validate_config(c)
+    c.batch_size = 2 * mesh.size
+    setup = train.build(c, mesh, total_steps=10, steps_per_epoch=5,
+                        num_examples=1000, image_shape=(28, 28, 1),
+                        num_classes=10)
+    state = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+        jax.eval_shape(setup.init_fn, jax.random.key(0)), setup.shardings)
+    shape = lambda *s, dtype=jnp.float32: jax.ShapeDtypeStruct(
+        s, dtype, sharding=rows)
+    batch = {'views': (shape(c.batch_size, c.augment.num_views, 28, 28, 1),),
+             'label': shape(c.batch_size, dtype=jnp.int32),
+             'index': shape(c.batch_size, dtype=jnp.int32)}
+    text = setup.step_fn.lower(state, batch, jax.random.key(0)).as_text()
+    # bf16 compute: the convolutions take bf16 operands.
+    assert 'convolution' in text and 'bf16' in text
