@@ -172,22 +172,168 @@ def test_cell_statistics_match_numpy():
   cell = reproduce.Cell(vals)
   assert cell.mean == pytest.approx(np.mean(vals))
   assert cell.std == pytest.approx(np.std(vals, ddof=1))
-  a, b = reproduce.Cell([80., 81., 82.]), reproduce.Cell([78., 78.5, 80.])
-  d, se = reproduce._diff(a, b)
-  assert d == pytest.approx(np.mean([80, 81, 82]) - np.mean([78, 78.5, 80]))
-  assert se == pytest.approx(math.sqrt(np.var([80, 81, 82], ddof=1) / 3 +
-                                       np.var([78, 78.5, 80], ddof=1) / 3))
   assert reproduce.Cell([1.]).fmt() == '1.00 (n=1)'
   assert math.isnan(reproduce.Cell([1.]).std)
 
 
-@pytest.mark.parametrize('d, se, want', [
-    (3., 1., 'holds'), (1., 1., 'same direction'),
-    (-1., 1., 'DOES NOT HOLD: reversed, within'),
-    (-3., 1., 'DOES NOT HOLD: reversed by more'),
+def test_paired_statistics_and_holm_match_hand_computation():
+  # Differences 1, 2, 3: mean 2, sd 1, t = 2 / (1 / sqrt 3) = 2 sqrt 3 on
+  # 2 df. For 2 df the two-sided p has a closed form, 1 - |t| / sqrt(t^2 + 2)
+  # = 1 - sqrt(12 / 14); t_0.975(2) = 4.302653 (tables).
+  st = reproduce.Paired((1., 2., 3.))
+  assert st.n == 3 and st.mean == pytest.approx(2.)
+  assert st.p == pytest.approx(1 - math.sqrt(12 / 14), rel=1e-6)
+  half = 4.302653 / math.sqrt(3)
+  assert st.ci == pytest.approx((2 - half, 2 + half), rel=1e-6)
+  assert st.fmt() == '+2.00 [-0.48, +4.48]'
+  one = reproduce.Paired((0.5,))
+  assert math.isnan(one.p) and math.isnan(one.ci[0]) and one.fmt() == (
+      '+0.50 (n=1)')
+  # Holm: sorted 0.005, 0.01, 0.03, 0.04 -> 4x, 3x, 2x, 1x = 0.02, 0.03,
+  # 0.06, 0.04, then the running maximum: 0.02, 0.03, 0.06, 0.06.
+  assert reproduce.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx(
+      [0.03, 0.06, 0.06, 0.02])
+  # Capped at 1; nan stays out of the family (m = 2 here).
+  adj = reproduce.holm([0.6, 0.5, math.nan])
+  assert adj[:2] == pytest.approx([1., 1.]) and math.isnan(adj[2])
+  assert reproduce.holm([0.02, math.nan, 0.04]) == pytest.approx(
+      [0.04, math.nan, 0.04], nan_ok=True)
+
+
+@pytest.mark.parametrize('mean, p_adj, want', [
+    (0.7, 0.01, 'supported'), (-0.8, 0.01, 'contradicted'),
+    (0.7, 0.2, 'inconclusive'), (-0.8, 0.06, 'inconclusive'),
 ])
-def test_verdicts(d, se, want):
-  assert reproduce._verdict(d, se, 3, 3).startswith(want)
+def test_verdicts(mean, p_adj, want):
+  assert reproduce.verdict(mean, p_adj) == want
+
+
+def test_equivalence_verdicts():
+  assert reproduce.equivalence_verdict(-0.1, 0.3).startswith('supported')
+  assert reproduce.equivalence_verdict(-0.6, 0.3).startswith('inconclusive')
+  assert reproduce.equivalence_verdict(-1.2, -0.7).startswith('contradicted')
+  assert reproduce.equivalence_verdict(0.6, 0.9).startswith('inconclusive')
+
+
+def test_untestable_claims_are_outside_the_family():
+  fam = reproduce.family()
+  labels = {comp.label for comp, _ in fam}
+  assert len(fam) == 2 * len(labels) == 16
+  untestable = {c.label for _, _, comps in reproduce.CLAIMS for c in comps
+                if c.untestable}
+  assert untestable == {
+      'tcl_sup (regular) > supcon (regular)',
+      'macl (batch64) > ntxent_t0.1 (batch64)',
+      'gain over NT-Xent at batch 64 > at batch 256',
+      'jcl (regular) > moco_v2 (regular)'}
+  assert not labels & untestable
+
+
+def _committed_results():
+  out = {}
+  for name in os.listdir(reproduce.RESULTS_DIR):
+    with open(os.path.join(reproduce.RESULTS_DIR, name)) as f:
+      rec = json.load(f)
+    out[rec['run_id']] = rec
+  return out
+
+
+def test_claim_numbers_recomputed_from_the_committed_results():
+  """The report's paired statistics, recomputed here from the JSONs with
+  scipy.stats.ttest_rel and an independent Holm, for every testable test;
+  and the committed REPORT.md shows them."""
+  from scipy import stats
+  res = _committed_results()
+  def acc(variant, method, seed, metric):
+    return 100 * res[f'{variant}__{method}__s{seed}']['test']['trained'][
+        metric]
+  pairs = [('cacr_k4', 'cmc_k4'), ('cmc_k4', 'simclr'),
+           ('cacr_k1', 'simclr'), ('macl', 'ntxent_t0.1'), ('macl', 'dcl'),
+           ('cacr_moco', 'moco_v2')]
+  mine = {}
+  for a, b in pairs:
+    for metric in ('knn', 'linear'):
+      xa = [acc('regular', a, s, metric) for s in (0, 1, 2)]
+      xb = [acc('regular', b, s, metric) for s in (0, 1, 2)]
+      mine[(f'{a} (regular) > {b} (regular)', metric)] = (
+          np.mean(np.subtract(xa, xb)), stats.ttest_rel(xa, xb).pvalue)
+  for rule in ('linear', 'exponential'):
+    for metric in ('knn', 'linear'):
+      drop = lambda m: np.array([acc('regular', m, s, metric) -
+                                 acc(rule, m, s, metric) for s in (0, 1, 2)])
+      mine[(f'{rule}: SimCLR drop > CACR drop', metric)] = (
+          np.mean(drop('simclr') - drop('cacr_k1')),
+          stats.ttest_rel(drop('simclr'), drop('cacr_k1')).pvalue)
+  # Holm, written differently: p_(i) * (m - i) by rank, cumulative maximum.
+  keys = list(mine)
+  p = np.array([mine[k][1] for k in keys])
+  order = np.argsort(p)
+  adj_sorted = np.minimum(1, np.maximum.accumulate(
+      p[order] * (len(p) - np.arange(len(p)))))
+  holm_p = dict(zip([keys[i] for i in order], adj_sorted))
+
+  records = reproduce.load_results(reproduce.RESULTS_DIR, reproduce.plan())
+  rows = {(comp.label, metric): (st, p_adj, v) for _, comp, metric, st,
+          p_adj, v in reproduce.claim_table(records)}
+  assert len(keys) == 16
+  for k in keys:
+    st, p_adj, v = rows[k]
+    assert st.n == 3
+    assert st.mean == pytest.approx(mine[k][0], abs=1e-9), k
+    assert st.p == pytest.approx(mine[k][1], rel=1e-9), k
+    assert p_adj == pytest.approx(holm_p[k], rel=1e-9), k
+    want = ('inconclusive' if holm_p[k] >= 0.05 else
+            'supported' if mine[k][0] > 0 else 'contradicted')
+    assert v == want, k
+  # One row in full: CI from the t distribution on 2 df.
+  d = [acc('regular', 'cacr_moco', s, 'knn') - acc('regular', 'moco_v2', s,
+                                                    'knn') for s in (0, 1, 2)]
+  half = stats.t.ppf(0.975, 2) * np.std(d, ddof=1) / np.sqrt(3)
+  st, p_adj, v = rows[('cacr_moco (regular) > moco_v2 (regular)', 'knn')]
+  assert st.ci == pytest.approx((np.mean(d) - half, np.mean(d) + half))
+  with open(reproduce.REPORT) as f:
+    report = f.read()
+  row = (f'| cacr_moco (regular) > moco_v2 (regular) | knn | {st.fmt()} | 3 '
+         f'| {reproduce._p(st.p)} | {reproduce._p(p_adj)} | {v} |')
+  assert row in report, 'REPORT.md is stale: python -m benchmarks.reproduce ' \
+      '--report'
+  # Untestable rows carry no adjusted p and no directional verdict.
+  st, p_adj, v = rows[('jcl (regular) > moco_v2 (regular)', 'knn')]
+  assert math.isnan(p_adj) and v == 'untestable here' and st.n == 3
+
+
+def test_gain_over_random_init_is_paired_by_seed():
+  res = _committed_results()
+  records = reproduce.load_results(reproduce.RESULTS_DIR, reproduce.plan())
+  gains = {(v, m, metric): g for v, m, metric, g in
+           reproduce.gains_over_random_init(records)}
+  for method in ('simclr', 'insdis'):
+    d = [100 * (res[f'regular__{method}__s{s}']['test']['trained']['knn'] -
+                res[f'baselines__baselines__s{s}']['test']['random_init'][
+                    'knn']) for s in (0, 1, 2)]
+    assert gains[('regular', method, 'knn')].diffs == pytest.approx(d)
+  assert len(gains) == 2 * (len(reproduce.METHODS) +
+                            len(reproduce.SMALL_BATCH_METHODS))
+
+
+def test_provenance_lists_resumed_dirty_runs_and_commits():
+  def rec(run_id, commit, finished, resumed=None, dirty=False, steps=390):
+    return {'run_id': run_id, 'git_commit': commit, 'finished': finished,
+            'resumed_from_step': resumed, 'git_dirty': dirty, 'steps': steps}
+  records = [rec('b', 'f' * 40, '2026-01-02 00:00:00', resumed=100),
+             rec('a', 'e' * 40, '2026-01-01 00:00:00', dirty=True),
+             rec('c', 'f' * 40, '2026-01-03 00:00:00', resumed=390)]
+  prov = reproduce.provenance(records)
+  assert prov['resumed'] == {'b': (100, 390), 'c': (390, 390)}
+  assert prov['dirty'] == ['a']
+  assert prov['commits'] == ['e' * 40, 'f' * 40]
+  assert prov['span'] == ('2026-01-01 00:00:00', '2026-01-03 00:00:00')
+  assert prov['probe'] == {'a': None, 'b': None, 'c': None}  # not in git
+  # The committed study: the probe change splits it.
+  real = reproduce.provenance(
+      reproduce.load_results(reproduce.RESULTS_DIR, reproduce.plan()))
+  assert set(real['probe'].values()) == {True, False}
+  assert real['resumed']['batch64__macl__s1'] == (1560, 1560)
 
 
 # ------------------------------------------------------- --quick for real ---
