@@ -12,9 +12,11 @@ error in the report and the next part runs):
            benchmarks/torch_step_peer.py (torchvision's resnet50,
            channels-last, bf16 autocast, torch.compile, the same head,
            NT-Xent and SGD), alternated round by round in one run:
-           images/s (views), step time, MFU (XLA's cost analysis of our
-           step over the step time and the bf16 peak), peak memory, and
-           where each step's GPU time goes (a profile of a few steps).
+           images/s (views), step time, MFU (the step's FLOPs from XLA's
+           cost analysis of it compiled for the CPU, which counts the
+           convolutions XLA:GPU hands to cuDNN, over the step time and the
+           bf16 peak), peak memory, and where each step's GPU time goes (a
+           kernel profile of a few steps of each).
   r18      the same for ResNet-18 with the CIFAR stem at 32 px, batch 512
            (configs/papers/simclr.py:cifar10).
   e2e      `main.py --config=configs/test.py` end to end on the device
@@ -24,7 +26,8 @@ error in the report and the next part runs):
            GPUs) and under 'highest': which pass, which fail.
   input    the streamed input pipeline on this host's cores at 224 px with
            SimCLR's augmentations, 2 views (JPEG decode on the host, the
-           augmentation on the device), against the PyTorch DataLoader peer
+           augmentation on the device), decoding on threads and in worker
+           processes, against the PyTorch DataLoader peer
            (benchmarks/torch_dataloader_peer.py) with as many workers.
 
 Both frameworks' steps run in their own long-lived worker processes, each
@@ -40,16 +43,18 @@ for `config.dataset.name=npz`, so the device needs no TensorFlow) and the
 wheels of the packages a CUDA JAX image may lack (flax, optax, orbax,
 chex, ml-collections, grain, array-record and what they need), pinned as in
 requirements.txt. On the GPU host (Python 3.12 with jax[cuda], torch and
-torchvision):
+torchvision), from a copy of the repository with `.accel/`,
+`benchmarks/run_on_gpu.sh` installs the wheels, runs this check and
+collects its report and logs:
 
-  pip install --no-index --no-deps --target /tmp/site .accel/wheels/*.whl
-  PYTHONPATH=/tmp/site:. python3 benchmarks/accelerator.py --out=/tmp/acc
+  bash benchmarks/run_on_gpu.sh check OUT
 
 `--dry` runs every part at tiny sizes on the CPU (CI runs it, so the check
 keeps working between GPU runs; the peer rows need torch and torchvision in
 `--torch_python`, and say so when they are absent). The report is
 `--out/accelerator.json` plus a table printed last. Results:
-docs/performance.md.
+docs/performance.md. `--decode_rate=W [--busy]` times the host's decoding
+alone (W worker processes, 0 for threads), as that page's CPU table does.
 """
 
 import argparse
