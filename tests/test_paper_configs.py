@@ -277,3 +277,19 @@ def test_views_have_the_official_jitter_and_crop(method, scale):
     c100 = _load(method).get_config('cifar100')
     assert augment.build_views(c100.augment.preset, c100.augment.num_views,
                                c100.augment.overrides) == views
+
+
+@pytest.mark.parametrize('method,scale', [
+    (m, s) for m in METHODS for s in common.SCALES])
+def test_lars_constants_are_the_official_ones(method, scale):
+  # solo-learn mocov3.yaml (MoCo v3 CIFAR): eta 0.02, clip_lr, wd 1e-6; every
+  # other LARS recipe (SimCLR lars_optimizer.py, moco-v3 optimizer.py):
+  # trust 0.001, no clipping.
+  opt = _load(method).get_config(scale).optimizer
+  if opt.name != 'lars':
+    return
+  if method == 'moco_v3' and scale != 'imagenet':
+    assert (opt.trust_coefficient, opt.clip_lr, opt.weight_decay) == (
+        0.02, True, 1e-6)
+  else:
+    assert (opt.trust_coefficient, opt.clip_lr) == (0.001, False)
