@@ -159,6 +159,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.trust_coefficient = 0.001
   config.optimizer.clip_lr = False
   config.optimizer.warmup_fraction = 0.05   # Of all steps.
+  # The lr the linear warmup starts from (SupContrast: 0.01); 0: from 0.
+  config.optimizer.warmup_init_lr = 0.
   # After the warmup: 'cosine' decay to 0, or 'step': x lr_decay at each of
   # decay_epochs (InsDis, MoCo v1: x0.1 at epochs 120 and 160 of 200).
   config.optimizer.schedule = 'cosine'

@@ -67,11 +67,14 @@ def learning_rate_schedule(config, total_steps: int) -> optax.Schedule:
 
   `config.optimizer.schedule`: 'cosine' (SimCLR, MoCo v2/v3) or 'step'
   (InsDis, MoCo v1: multiplied by `lr_decay` at each of `decay_epochs`).
+  The warmup rises linearly from `warmup_init_lr` (an absolute learning
+  rate: 0 for SimCLR and MoCo v3, 0.01 for SupContrast) to the peak.
   """
   opt = config.optimizer
   # Linear scaling rule (Goyal et al. 2017): lr = base_lr * batch / 256.
   peak = opt.base_learning_rate * config.batch_size / 256
   warmup = int(opt.warmup_fraction * total_steps)
+  init = opt.get('warmup_init_lr', 0.)   # .get: configs from before it.
   kind = opt.get('schedule', 'cosine')   # .get: configs from before 'step'.
   if kind == 'cosine' and not opt.warmup_fraction:
     # No warmup configured (MoCo v2): the peak from step 0. (A warmup that
@@ -81,7 +84,7 @@ def learning_rate_schedule(config, total_steps: int) -> optax.Schedule:
     # warmup + 2: a run of 0 or 1 steps (the study's untrained baselines)
     # still gets a valid schedule; from 2 steps on this is total_steps.
     return optax.warmup_cosine_decay_schedule(
-        init_value=0., peak_value=peak, warmup_steps=max(warmup, 1),
+        init_value=init, peak_value=peak, warmup_steps=max(warmup, 1),
         decay_steps=max(total_steps, warmup + 2), end_value=0.)
   if kind != 'step':
     raise ValueError(f'config.optimizer.schedule={kind!r}; known: cosine, '
@@ -93,7 +96,7 @@ def learning_rate_schedule(config, total_steps: int) -> optax.Schedule:
   if not warmup:
     return steps
   return optax.join_schedules(
-      [optax.linear_schedule(0., peak, warmup),
+      [optax.linear_schedule(init, peak, warmup),
        lambda step: steps(step + warmup)], [warmup])
 
 

@@ -293,3 +293,16 @@ def test_lars_constants_are_the_official_ones(method, scale):
         0.02, True, 1e-6)
   else:
     assert (opt.trust_coefficient, opt.clip_lr) == (0.001, False)
+
+
+@pytest.mark.parametrize('scale', ['cifar10', 'cifar100'])
+def test_supcon_cifar_warms_up_10_epochs_from_0_01(scale):
+  # SupContrast main_supcon.py (batch > 256): warm_epochs 10 from 0.01 to the
+  # peak, lr 0.5 at batch 1024.
+  c = _load('supcon').get_config(scale)
+  steps_per_epoch = 50
+  total = int(c.num_epochs) * steps_per_epoch
+  lr = train.learning_rate_schedule(c, total_steps=total)
+  assert float(lr(0)) == pytest.approx(0.01)
+  assert float(lr(5 * steps_per_epoch)) == pytest.approx((0.01 + 0.5) / 2)
+  assert float(lr(10 * steps_per_epoch)) == pytest.approx(0.5)

@@ -249,3 +249,29 @@ def test_clipped_lars_rate_is_solo_learns_per_layer_rule():
     for k in w_want:
       np.testing.assert_allclose(w_got[k], w_want[k], rtol=1e-5, atol=1e-7)
   assert any(bound[:3]) and not all(bound[:3]) and all(bound[3:])
+
+
+@pytest.mark.parametrize('schedule', ['cosine', 'step'])
+def test_warmup_rises_linearly_from_its_initial_lr(schedule):
+  # lr(t) = a + (peak - a) t / W during the warmup (SupContrast's
+  # warmup_learning_rate), then the schedule's value after W warmup steps:
+  # cosine peak (1 + cos(pi (t - W) / (T - W))) / 2, or the step schedule's
+  # peak x 0.1 from the decay epoch's step (150 x 10).
+  config = base.get_config()
+  config.batch_size, config.num_epochs = 1024, 200.
+  config.optimizer.base_learning_rate = 0.125     # Peak 0.5 at 1024.
+  config.optimizer.schedule = schedule
+  config.optimizer.decay_epochs = (150,)
+  config.optimizer.warmup_fraction = 0.05
+  config.optimizer.warmup_init_lr = 0.01
+  total, warmup, a, peak = 2000, 100, 0.01, 0.5
+  lr = train.learning_rate_schedule(config, total_steps=total)
+  for t in (0, 1, 37, 99):
+    assert float(lr(t)) == pytest.approx(a + (peak - a) * t / warmup,
+                                         rel=1e-6)
+  for t in (100, 640, 1499, 1500, 1999):
+    if schedule == 'cosine':
+      want = peak * 0.5 * (1 + np.cos(np.pi * (t - warmup) / (total - warmup)))
+    else:
+      want = peak * (0.1 if t >= 1500 else 1.)
+    assert float(lr(t)) == pytest.approx(want, rel=1e-5, abs=1e-7)
