@@ -297,11 +297,11 @@ def peer_args(preset: str, num_views: int) -> list[str]:
   if any(c != cfg for c in augment.get_views(preset, num_views)):
     raise ValueError(f'preset {preset!r} has different views; the peer makes '
                      'identical ones.')
-  s = cfg.jitter_strength
-  # augment.color_jitter: brightness/contrast/saturation U[1 - 0.8s, 1 + 0.8s],
-  # hue U[-0.2s, 0.2s]: torchvision's ColorJitter(0.8s, 0.8s, 0.8s, 0.2s).
+  # augment.color_jitter with amounts (b, c, s, h) draws factors from
+  # U[1 - b, 1 + b] etc. and hue from U[-h, h]: torchvision's
+  # ColorJitter(b, c, s, h).
   return ['--crop_scale', *map(str, cfg.crop_scale),
-          '--jitter', *map(str, (0.8 * s, 0.8 * s, 0.8 * s, 0.2 * s)),
+          '--jitter', *map(str, cfg.jitter_amounts()),
           f'--jitter_p={cfg.jitter_p}', f'--grayscale_p={cfg.grayscale_p}',
           f'--blur_p={cfg.blur_p}', f'--views={num_views}']
 

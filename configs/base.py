@@ -154,7 +154,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.base_learning_rate = 1e-3
   config.optimizer.weight_decay = 1e-4
   config.optimizer.momentum = 0.9           # sgd and lars only.
+  # LARS only: the trust coefficient (optax.lars's, solo-learn's eta) and
+  # whether each layer's rate is capped at the global lr (solo-learn clip_lr).
+  config.optimizer.trust_coefficient = 0.001
+  config.optimizer.clip_lr = False
   config.optimizer.warmup_fraction = 0.05   # Of all steps.
+  # The lr the linear warmup starts from (SupContrast: 0.01); 0: from 0.
+  config.optimizer.warmup_init_lr = 0.
   # After the warmup: 'cosine' decay to 0, or 'step': x lr_decay at each of
   # decay_epochs (InsDis, MoCo v1: x0.1 at epochs 120 and 160 of 200).
   config.optimizer.schedule = 'cosine'

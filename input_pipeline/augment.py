@@ -41,8 +41,13 @@ class ViewConfig:
     pad_crop: pixels of zero padding for a random translation crop back to the
       input size (TCL's `RandomCrop(28, padding=4)`); 0 disables it.
     flip_p: probability of a horizontal flip.
-    jitter_strength: colour-jitter strength s (SimCLR: brightness, contrast,
-      saturation 0.8 s, hue 0.2 s).
+    jitter_strength: colour-jitter strength s, SimCLR's shorthand for the
+      amounts (brightness, contrast, saturation, hue) = (0.8 s, 0.8 s, 0.8 s,
+      0.2 s); used when `jitter` is None.
+    jitter: the four amounts (brightness, contrast, saturation, hue) as
+      torchvision's ColorJitter takes them (MoCo v3: (0.4, 0.4, 0.2, 0.1)),
+      for recipes that no single strength expresses. When given, it replaces
+      `jitter_strength`.
     jitter_p: probability of applying colour jitter.
     grayscale_p: probability of converting to grayscale.
     blur_p: probability of a Gaussian blur (sigma in [0.1, 2], kernel ~10% of
@@ -59,12 +64,20 @@ class ViewConfig:
   pad_crop: int = 0
   flip_p: float = 0.5
   jitter_strength: float = 0.0
+  jitter: tuple[float, float, float, float] | None = None
   jitter_p: float = 0.8
   grayscale_p: float = 0.0
   blur_p: float = 0.0
   solarize_p: float = 0.0
   erase_p: float = 0.0
   size: int | float | tuple[int, int] | None = None
+
+  def jitter_amounts(self) -> tuple[float, float, float, float]:
+    """(brightness, contrast, saturation, hue): `jitter`, else from s."""
+    if self.jitter is not None:
+      return tuple(self.jitter)
+    s = self.jitter_strength
+    return (0.8 * s, 0.8 * s, 0.8 * s, 0.2 * s)
 
 
 # V is bounded because every view is a full forward pass per step; 10 covers
@@ -222,21 +235,22 @@ def jitter(image, brightness, contrast, saturation, hue):
   return jnp.clip(out, 0., 1.)
 
 
-def color_jitter(rng, image, *, strength, p=0.8):
-  """SimCLR's colour jitter, applied with probability p (`jitter`).
+def color_jitter(rng, image, *, amounts, p=0.8):
+  """Colour jitter with amounts (b, c, s, h), applied with probability p.
 
   Brightness, contrast and saturation factors are drawn from
-  [1 - 0.8 s, 1 + 0.8 s] and hue from [-0.2 s, 0.2 s] (turns), as in
-  SimCLR's `color_jitter(strength=s)`.
+  [1 - b, 1 + b], [1 - c, 1 + c], [1 - s, 1 + s] and hue from [-h, h]
+  (turns), as torchvision's `ColorJitter(b, c, s, h)`; SimCLR's
+  `color_jitter(strength=s)` is amounts (0.8 s, 0.8 s, 0.8 s, 0.2 s)
+  (`ViewConfig.jitter_amounts`). The ops are those of `jitter`.
   """
   # The sixth key drew the ops' order, which does not change the result
   # (`jitter`); it stays so the other draws are those of earlier versions.
   k_apply, k_b, k_c, k_s, k_h, _ = jax.random.split(rng, 6)
+  r_b, r_c, r_s, r_h = amounts
   u = lambda k, r: jax.random.uniform(k, (), minval=1 - r, maxval=1 + r)
-  b, c, s = u(k_b, 0.8 * strength), u(k_c, 0.8 * strength), u(
-      k_s, 0.8 * strength)
-  hue = jax.random.uniform(k_h, (), minval=-0.2 * strength,
-                           maxval=0.2 * strength)
+  b, c, s = u(k_b, r_b), u(k_c, r_c), u(k_s, r_s)
+  hue = jax.random.uniform(k_h, (), minval=-r_h, maxval=r_h)
   out = jitter(image, b, c, s, hue)
   return jnp.where(jax.random.bernoulli(k_apply, p), out, image)
 
@@ -293,8 +307,8 @@ def augment_image(rng, image, cfg: ViewConfig):
     image = jax.image.resize(image, out_hw + image.shape[2:], 'linear')
   if cfg.flip_p:
     image = flip_left_right(keys[2], image, p=cfg.flip_p)
-  if cfg.jitter_strength:
-    image = color_jitter(keys[3], image, strength=cfg.jitter_strength,
+  if any(cfg.jitter_amounts()):
+    image = color_jitter(keys[3], image, amounts=cfg.jitter_amounts(),
                          p=cfg.jitter_p)
   if cfg.grayscale_p and image.shape[-1] == 3:
     image = jnp.where(jax.random.bernoulli(keys[4], cfg.grayscale_p),
@@ -517,5 +531,10 @@ def _validate(cfg: ViewConfig, v: int) -> None:
                      '0 < min <= max.')
   if cfg.pad_crop < 0 or cfg.jitter_strength < 0:
     raise ValueError(f'view {v}: pad_crop and jitter_strength must be >= 0.')
+  if cfg.jitter is not None and (len(cfg.jitter) != 4 or min(cfg.jitter) < 0
+                                 or cfg.jitter[3] > 0.5):
+    raise ValueError(f'view {v}: jitter={cfg.jitter} must be four amounts '
+                     '(brightness, contrast, saturation, hue) >= 0, hue '
+                     '<= 0.5.')
   if cfg.size is not None:
     resolve_size(cfg.size, (1, 1))   # Type and range checks only.

@@ -177,3 +177,101 @@ def test_schedules_of_runs_without_training_steps(warmup_fraction):
   for t in (10, 50, 99):
     want = peak * 0.5 * (1 + np.cos(np.pi * (t - warmup) / (100 - warmup)))
     assert float(lr(t)) == pytest.approx(want, abs=1e-6 * peak)
+
+
+def _lars_params_and_grads():
+  """Layers whose trust ratios differ by orders of magnitude, and a bias."""
+  rng = np.random.default_rng(0)
+  shapes = {'conv': (3, 3, 2, 4), 'dense': (5, 3), 'head': (3, 2)}
+  params = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+  grads = {k: (rng.normal(size=s) * scale).astype(np.float32)
+           for (k, s), scale in zip(shapes.items(), (1e-3, 1., 30.))}
+  params['bias'] = rng.normal(size=4).astype(np.float32)
+  grads['bias'] = rng.normal(size=4).astype(np.float32)
+  return params, grads
+
+
+def _lars_config(**optimizer):
+  config = base.get_config()
+  config.optimizer.name = 'lars'
+  config.optimizer.update(optimizer)
+  return config
+
+
+def test_lars_trust_coefficient_is_the_configured_one():
+  # optax's LARS: rate lr * eta * ||w|| / ||g + wd w|| for every matrix.
+  params, grads = _lars_params_and_grads()
+  wd, eta, lr = 1e-2, 0.02, 0.3
+  opt = train.create_optimizer(
+      _lars_config(weight_decay=wd, momentum=0., trust_coefficient=eta),
+      lambda step: lr)
+  got, _ = opt.update(grads, opt.init(params), params)
+  for k, w in params.items():
+    g = grads[k].astype(np.float64) + (wd * w if w.ndim > 1 else 0.)
+    rate = lr * eta * np.linalg.norm(w) / np.linalg.norm(g) if (
+        w.ndim > 1) else lr
+    np.testing.assert_allclose(got[k], -rate * g, rtol=1e-5)
+
+
+def test_clipped_lars_rate_is_solo_learns_per_layer_rule():
+  # solo-learn lars.py with clip_lr: a matrix's rate is
+  # min(eta ||w|| / (||g|| + wd ||w||), lr), its step -rate (g + wd w); 1-D
+  # leaves step -lr g. Two steps with momentum 0.9 on a schedule lr(t).
+  params, grads = _lars_params_and_grads()
+  wd, eta, m = 1e-2, 0.02, 0.9
+  ratio = lambda w, g: eta * np.linalg.norm(w) / (
+      np.linalg.norm(g) + wd * np.linalg.norm(w))
+  ratios = sorted(ratio(params[k], grads[k]) for k in ('conv', 'dense',
+                                                       'head'))
+  lr0 = float(np.sqrt(ratios[0] * ratios[1]))   # Caps some layers...
+  schedule = lambda step: lr0 * 1e-3 ** step     # ...then every layer.
+  opt = train.create_optimizer(
+      _lars_config(weight_decay=wd, momentum=m, trust_coefficient=eta,
+                   clip_lr=True), schedule)
+  state, w_got = opt.init(params), dict(params)
+  w_want = {k: v.astype(np.float64) for k, v in params.items()}
+  buf = {k: np.zeros_like(v) for k, v in w_want.items()}
+  bound = []
+  for t in range(2):
+    lr = lr0 * 1e-3 ** t
+    updates, state = opt.update(grads, state, w_got)
+    w_got = {k: w_got[k] + updates[k] for k in w_got}
+    for k, w in w_want.items():
+      g = grads[k].astype(np.float64)
+      if w.ndim > 1:
+        r = ratio(w, g)
+        bound.append(r > lr)   # The cap lr binds.
+        d = min(r / lr, 1.) * (g + wd * w)
+      else:
+        d = g
+      buf[k] = m * buf[k] + d
+    w_want = {k: w - lr * buf[k] for k, w in w_want.items()}
+    for k in w_want:
+      np.testing.assert_allclose(w_got[k], w_want[k], rtol=1e-5, atol=1e-7)
+  assert any(bound[:3]) and not all(bound[:3]) and all(bound[3:])
+
+
+@pytest.mark.parametrize('schedule', ['cosine', 'step'])
+def test_warmup_rises_linearly_from_its_initial_lr(schedule):
+  # lr(t) = a + (peak - a) t / W during the warmup (SupContrast's
+  # warmup_learning_rate), then the schedule's value after W warmup steps:
+  # cosine peak (1 + cos(pi (t - W) / (T - W))) / 2, or the step schedule's
+  # peak x 0.1 from the decay epoch's step (150 x 10).
+  config = base.get_config()
+  config.batch_size, config.num_epochs = 1024, 200.
+  config.optimizer.base_learning_rate = 0.125     # Peak 0.5 at 1024.
+  config.optimizer.schedule = schedule
+  config.optimizer.decay_epochs = (150,)
+  config.optimizer.warmup_fraction = 0.05
+  config.optimizer.warmup_init_lr = 0.01
+  total, warmup, a, peak = 2000, 100, 0.01, 0.5
+  lr = train.learning_rate_schedule(config, total_steps=total)
+  for t in (0, 1, 37, 99):
+    assert float(lr(t)) == pytest.approx(a + (peak - a) * t / warmup,
+                                         rel=1e-6)
+  for t in (100, 640, 1499, 1500, 1999):
+    if schedule == 'cosine':
+      want = peak * 0.5 * (1 + np.cos(np.pi * (t - warmup) / (total - warmup)))
+    else:
+      want = peak * (0.1 if t >= 1500 else 1.)
+    assert float(lr(t)) == pytest.approx(want, rel=1e-5, abs=1e-7)

@@ -1,5 +1,6 @@
 """Input pipeline: deterministic batches, process shards, augmentation ops."""
 
+import dataclasses
 import functools
 
 import jax
@@ -341,3 +342,67 @@ def test_build_views_from_an_ml_collections_config():
 def test_build_views_errors(kwargs, match):
   with pytest.raises(ValueError, match=match):
     augment.build_views('simclr', **kwargs)
+
+
+def _factors(amounts, n=512):
+  """The jitter factor each op drew, recovered from the output of n keys.
+
+  One 2-pixel image with colours x0, x1 goes through `color_jitter` with
+  p = 1, and the affine maps of `augment.jitter` are inverted in numpy on
+  YIQ coordinates (luma Y, chroma (I, Q)): brightness b scales the mean luma
+  (contrast, saturation and hue keep it); contrast c then scales the two
+  pixels' luma difference by b c; saturation s scales chroma by b c s; hue
+  rotates chroma by its angle in turns.
+  """
+  x = np.array([[[0.5, 0.3, 0.2], [0.3, 0.4, 0.35]]], np.float32)
+  fn = jax.jit(jax.vmap(lambda k: augment.color_jitter(
+      k, jnp.asarray(x), amounts=amounts, p=1.)))
+  y = np.asarray(fn(jax.random.split(jax.random.key(0), n)), np.float64)
+  to_yiq = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322],
+                     [0.211, -0.523, 0.312]])
+  xq, yq = x[0].astype(np.float64) @ to_yiq.T, y[:, 0] @ to_yiq.T
+  b = yq[:, :, 0].mean(-1) / xq[:, 0].mean()
+  c = (yq[:, 0, 0] - yq[:, 1, 0]) / (xq[0, 0] - xq[1, 0]) / b
+  s = (np.linalg.norm(yq[:, 0, 1:], axis=-1) / np.linalg.norm(xq[0, 1:])
+       / (b * c))
+  hue = (np.arctan2(yq[:, 0, 2], yq[:, 0, 1])
+         - np.arctan2(xq[0, 2], xq[0, 1])) / (2 * np.pi)
+  return {'brightness': b, 'contrast': c, 'saturation': s, 'hue': hue}
+
+
+@pytest.mark.parametrize('op, amounts, lo, hi', [
+    ('brightness', (0.4, 0., 0., 0.), 0.6, 1.4),
+    ('contrast', (0., 0.3, 0., 0.), 0.7, 1.3),
+    ('saturation', (0., 0., 0.2, 0.), 0.8, 1.2),
+    ('hue', (0., 0., 0., 0.1), -0.1, 0.1),
+])
+def test_color_jitter_draws_each_amount_from_its_own_range(op, amounts, lo,
+                                                           hi):
+  # ColorJitter(b, c, s, h): factors U[1 - a, 1 + a], hue U[-h, h] turns;
+  # the other three ops stay the identity.
+  got = _factors(amounts)
+  span = hi - lo
+  assert got[op].min() >= lo - 1e-4 and got[op].max() <= hi + 1e-4
+  assert got[op].min() < lo + 0.05 * span and got[op].max() > hi - 0.05 * span
+  for other in set(got) - {op}:
+    np.testing.assert_allclose(got[other], 0. if other == 'hue' else 1.,
+                               atol=1e-5)
+
+
+def test_jitter_strength_is_simclrs_shorthand_for_the_four_amounts():
+  # Strength s = amounts (0.8 s, 0.8 s, 0.8 s, 0.2 s): the same views for
+  # the same key whichever way the recipe says it.
+  images = jax.random.uniform(jax.random.key(2), (4, 16, 16, 3))
+  for s in (1.0, 0.5):
+    short = (dataclasses.replace(augment.PRESETS['simclr'][0],
+                                 jitter_strength=s),) * 2
+    full = (dataclasses.replace(short[0], jitter_strength=0.,
+                                jitter=(0.8 * s, 0.8 * s, 0.8 * s, 0.2 * s)),
+            ) * 2
+    np.testing.assert_array_equal(
+        np.asarray(augment.augment_batch(jax.random.key(7), images, short)),
+        np.asarray(augment.augment_batch(jax.random.key(7), images, full)))
+  views = augment.build_views('simclr', 2, ({'jitter': [0.4, 0.4, 0.2, 0.1]},))
+  assert views[0].jitter_amounts() == (0.4, 0.4, 0.2, 0.1)
+  with pytest.raises(ValueError, match='four amounts'):
+    augment.build_views('simclr', 2, ({'jitter': (0.4, 0.4, 0.2)},))

@@ -36,4 +36,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     common.lars_simclr(config, epochs=100.)
   else:
     common.sgd_cifar(config)
+    # lightly cifar10_benchmark.py SimCLRTransform cj_strength=0.5 (DCL too).
+    config.augment.overrides = ({'jitter_strength': 0.5},)
   return config

@@ -50,6 +50,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.moco.queue_size = 65536
   else:
     common.sgd_cifar(config)
+    # lightly cifar10_benchmark.py SimCLRTransform cj_strength=0.5 (its MoCo
+    # recipe, which this one follows).
+    config.augment.overrides = ({'jitter_strength': 0.5},)
     config.model.head_batch_norm = False      # MoCo's head.
     config.moco.momentum = 0.99
     config.moco.queue_size = 4096

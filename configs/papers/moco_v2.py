@@ -48,6 +48,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.moco.queue_size = 65536
   else:
     common.sgd_cifar(config)
+    # lightly cifar10_benchmark.py SimCLRTransform cj_strength=0.5 (MoCo too).
+    config.augment.overrides = ({'jitter_strength': 0.5},)
     config.model.head_batch_norm = False      # MoCo's head.
     config.loss_kwargs = ml_collections.ConfigDict(
         {'temperature': 0.1, 'in_batch_negatives': False})
