@@ -325,6 +325,15 @@ class Worker:
     self._log.close()
 
 
+def _child_env(**extra) -> dict[str, str]:
+  """This process's environment plus `extra`, the repository first on
+  PYTHONPATH: what every worker process starts with."""
+  env = dict(os.environ, **extra)
+  env['PYTHONPATH'] = os.pathsep.join(
+      [ROOT] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+  return env
+
+
 def _cpu_flops(part: str, batch: int, args) -> subprocess.Popen:
   """Starts a CPU compilation of our step that prints its FLOPs.
 
@@ -333,9 +342,7 @@ def _cpu_flops(part: str, batch: int, args) -> subprocess.Popen:
   program compiled for the CPU counts them: the step's FLOPs, which do not
   depend on the backend.
   """
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
-  env['PYTHONPATH'] = os.pathsep.join(
-      [ROOT] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+  env = _child_env(JAX_PLATFORMS='cpu', XLA_FLAGS='')
   return subprocess.Popen(  # pylint: disable=consider-using-with
       [sys.executable, os.path.abspath(__file__), f'--_worker={part}',
        f'--batch={batch}', '--flops_only'] + (['--dry'] if args.dry else []),
@@ -351,9 +358,7 @@ def _gpu() -> bool:
 def _start_pair(part: str, batch: int, args, out_dir: str):
   """Starts our worker and the peer's (if torch is there) at `batch`."""
   spec = {**step_spec(part, args.dry), 'batch': batch}
-  env = dict(os.environ)
-  env['PYTHONPATH'] = os.pathsep.join(
-      [ROOT] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+  env = _child_env()
   fraction = []
   if _gpu():
     # Both workers hold the GPU at once: each gets part of its memory.
@@ -521,7 +526,7 @@ def _failures(junit: str) -> list[tuple[str, str]]:
   return failed
 
 
-def input_pipeline(args, out_dir: str) -> dict:
+def input_pipeline(args) -> dict:
   """Ours (host decode + device augmentation) against the DataLoader peer.
 
   Ours decodes on the training process's threads (`num_workers=0`) and in
@@ -769,7 +774,7 @@ def main() -> int:
       elif part == 'tests':
         report[part] = run_tests(args, args.out)
       elif part == 'input':
-        report[part] = input_pipeline(args, args.out)
+        report[part] = input_pipeline(args)
     except Exception as e:  # pylint: disable=broad-except
       report[part] = {'error': f'{type(e).__name__}: {e}',
                       'traceback': traceback.format_exc()[-3000:]}

@@ -154,8 +154,12 @@ class _HostBatch:
   process_index: int
   process_count: int
 
+  @property
+  def steps_per_epoch(self) -> int:
+    return self.num_examples // self.global_batch_size
+
   def global_indices(self, step: int) -> np.ndarray:
-    epoch, i = divmod(step, self.num_examples // self.global_batch_size)
+    epoch, i = divmod(step, self.steps_per_epoch)
     b = self.global_batch_size
     return _permutation(self.seed, self.num_examples, epoch)[i * b:(i + 1) * b]
 
@@ -206,10 +210,10 @@ class TrainBatches:
     if num_workers < 0:   # One per core this process may use.
       num_workers = len(os.sched_getaffinity(0))
     self.num_workers = 0 if isinstance(source, ArrayDataset) else num_workers
-    self.steps_per_epoch = num_examples // global_batch_size
     # step -> this process's part of batch `step` (numpy).
     self.host_batch = _HostBatch(source, seed, num_examples, global_batch_size,
                                  jax.process_index(), nproc)
+    self.steps_per_epoch = self.host_batch.steps_per_epoch
 
   def global_indices(self, step: int) -> np.ndarray:
     """The example ids of the global batch at `step`, [global_batch_size]."""
