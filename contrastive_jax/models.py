@@ -247,7 +247,7 @@ HEAD_INPUTS = ('pooled', 'features')
 
 def compute_dtype(config):
   """The jnp dtype of `config.model.dtype`; ValueError naming the known ones."""
-  name = config.model.get('dtype', 'float32')
+  name = config.model.dtype
   if name not in DTYPES:
     raise ValueError(f'config.model.dtype={name!r}; known: '
                      f'{", ".join(DTYPES)} (bfloat16: mixed precision, '
@@ -266,7 +266,7 @@ def create_model(config) -> ContrastiveModel:
   if name not in ENCODERS:
     raise ValueError(f'unknown encoder {name!r} (config.model.encoder); known: '
                      f'{", ".join(sorted(ENCODERS))}.')
-  head_input = config.model.get('head_input', 'pooled')
+  head_input = config.model.head_input
   if head_input not in HEAD_INPUTS:
     raise ValueError(f'config.model.head_input={head_input!r}; known: '
                      f'{", ".join(HEAD_INPUTS)} (what the projection head '
@@ -277,7 +277,7 @@ def create_model(config) -> ContrastiveModel:
   head = ProjectionHead(hidden_dim=config.model.head_hidden_dim,
                         out_dim=config.model.head_out_dim,
                         num_layers=config.model.head_layers,
-                        batch_norm=config.model.get('head_batch_norm', True),
+                        batch_norm=config.model.head_batch_norm,
                         dtype=dtype)
   return ContrastiveModel(encoder=encoder, head=head, head_input=head_input)
 

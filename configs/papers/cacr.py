@@ -54,5 +54,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.loss_kwargs = ml_collections.ConfigDict(
         {'t_pos': 1.0, 't_neg': 0.9, 'negatives': 'cross_view'})
     common.adam_small(config, epochs=400.)
-    config.eval.linear_eval = 'cacr_small'
+    config.evals.linear_eval = common.linear_eval('cacr_small')
   return config
