@@ -7,7 +7,7 @@ error in the report and the next part runs):
   peak     bf16 matrix products: an 8192^3 matmul's TFLOP/s, the measured
            ceiling beside the datasheet's dense bf16 peak.
   r50      the ResNet-50 SimCLR step at 224 px, 2 views, bf16 compute,
-           built by `train.build` from configs/papers/simclr.py:imagenet
+           built by `step_lib.build` from configs/papers/simclr.py:imagenet
            (SGD instead of LARS, the same in both, see below), against
            benchmarks/torch_step_peer.py (torchvision's resnet50,
            channels-last, bf16 autocast, torch.compile, the same head,
@@ -67,6 +67,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contrastive_jax import step as step_lib
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -227,7 +228,7 @@ def jax_worker(args) -> int:
     config = our_config(spec)
     mesh = runtime.create_mesh()
     shape = (spec['image_size'], spec['image_size'], 3)
-    setup = train.build(config, mesh, total_steps=10_000,
+    setup = step_lib.build(config, mesh, total_steps=10_000,
                         steps_per_epoch=1_000, num_examples=1_000_000,
                         image_shape=shape)
     state = setup.init_fn(jax.random.key(0))

@@ -87,6 +87,8 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 
+from contrastive_jax import step as step_lib
+from contrastive_jax.methods import moco
 import numpy as np  # noqa: E402
 
 PEER = os.path.join(_HERE, 'torch_dataloader_peer.py')
@@ -327,17 +329,17 @@ def queue_rows(queue: int, dim: int, batch: int, steps: int) -> list[dict]:
   from contrastive_jax import state as state_lib  # pylint: disable=g-import-not-at-top
   config = queue_comm._moco_config(queue, dim, batch)  # pylint: disable=protected-access
   rows = []
-  sharded_enqueue = state_lib.enqueue
+  sharded_enqueue = moco.enqueue
   # As queue_comm.main: the 'before' layout swaps the old enqueue back in.
   for label, enqueue in (('gathered queue (before)',
                           queue_comm.gathered_enqueue),
                          ('sharded queue (now)', sharded_enqueue)):
-    state_lib.enqueue = enqueue
+    moco.enqueue = enqueue
     try:
       hlo, step_s, compile_s = queue_comm._compile_and_time(  # pylint: disable=protected-access
           config, num_examples=60_000, steps=steps)
     finally:
-      state_lib.enqueue = sharded_enqueue
+      moco.enqueue = sharded_enqueue
     cols = queue_comm.collectives(hlo)
     rows.append({
         'label': label,
@@ -467,8 +469,8 @@ def _train_step_views_per_s(iters: int) -> float:
   from configs import base  # pylint: disable=g-import-not-at-top
   from contrastive_jax import train  # pylint: disable=g-import-not-at-top
   config = base.get_config()
-  mesh = train.create_mesh()
-  setup = train.build(config, mesh, total_steps=1000, steps_per_epoch=117,
+  mesh = runtime.create_mesh()
+  setup = step_lib.build(config, mesh, total_steps=1000, steps_per_epoch=117,
                       num_examples=60_000, image_shape=(28, 28, 1))
   init_fn, step_fn = setup.init_fn, setup.step_fn
   state = init_fn(jax.random.key(0))

@@ -205,4 +205,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.evals.online_knn = dict(type='knn', every_steps=200, ks=(20,),
                                  temperature=0.1, bank_size=10000,
                                  num_queries=2000)
+  # The papers' linear evaluation (SGD on augmented images through the frozen
+  # encoder), off here; on with every_steps=0 and a preset of
+  # contrastive_jax/evaluators/linear_eval.py (configs/papers set one).
+  config.evals.linear_eval = dict(type='linear_eval', every_steps=-1,
+                                  preset='', epochs=0, batch_size=0)
   return config

@@ -189,7 +189,7 @@ def plot_run(history, results, embeddings, path: str, *, classes=None,
   ax = axes[0, 1]
   knn_keys = sorted({k for h in history for k in h
                      if k.startswith('online/knn')})
-  for key, label in ([('online/linear_acc', 'linear probe (training batch)')]
+  for key, label in ([('online/linear_acc', 'online classifier (training batch)')]
                      + [(k, k.split('/')[1] + ' (test subset)')
                         for k in knn_keys]):
     _curve(ax, history, key, marker='.' if 'knn' in key else None,

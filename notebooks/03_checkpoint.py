@@ -31,6 +31,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 sys.path.insert(0, os.path.abspath('..'))   # The repository root.
+from contrastive_jax import step as step_lib
+from contrastive_jax.evaluators import features
+from contrastive_jax import data as data_lib
+from contrastive_jax import config_lib
+from contrastive_jax import checkpointing
 from contrastive_jax import eval_checkpoint  # noqa: E402
 from contrastive_jax import evaluate  # noqa: E402
 from contrastive_jax import runtime  # noqa: E402
@@ -43,17 +48,17 @@ WORKDIR = os.environ.get('NOTEBOOK_WORKDIR', '../workdir/notebook')
 # %% [markdown]
 # ## The run's model and its newest checkpoint
 #
-# `train.create_model` builds the model the config trained (with whatever the
+# `step_lib.create_model` builds the model the config trained (with whatever the
 # method adds, e.g. BYOL's predictor), so the checkpoint's parameter tree
 # fits it; only `params` and `batch_stats` are read from the checkpoint
 # (not the optimizer state, queue or memory bank).
 
 # %%
-config = eval_checkpoint.load_config(WORKDIR)
-train_data, test_data = train.load_data(config)
+config = config_lib.load(WORKDIR)
+train_data, test_data = data_lib.load(config)
 mesh = runtime.create_mesh()
-model = train.create_model(config)
-variables, step = eval_checkpoint.restore_variables(
+model = step_lib.create_model(config)
+variables, step = checkpointing.restore_variables(
     WORKDIR, model, train_data.image_shape, mesh)
 n_params = sum(x.size for x in jax.tree.leaves(variables['params']))
 print(f'{config.method} / {config.loss}: step {step}, {n_params:,} parameters;'
@@ -67,10 +72,10 @@ print(f'{config.method} / {config.loss}: step {step}, {n_params:,} parameters;'
 # batch on every device; `first_rows` brings them to the host as numpy.
 
 # %%
-feature_fn = evaluate.make_feature_fn(model, mesh)
-bank = evaluate.extract_features(feature_fn, variables, train_data, mesh,
+feature_fn = features.make_feature_fn(model, mesh)
+bank = features.extract_features(feature_fn, variables, train_data, mesh,
                                  config.eval.batch_size)
-queries = evaluate.extract_features(feature_fn, variables, test_data, mesh,
+queries = features.extract_features(feature_fn, variables, test_data, mesh,
                                     config.eval.batch_size)
 print('bank', bank.x.shape, 'queries', queries.x.shape)
 
@@ -96,8 +101,8 @@ for name, value in sorted(scores.items()):
 # neighbour's class is the query's.
 
 # %%
-bank_x, bank_y = evaluate.first_rows(bank, len(train_data))
-query_x, query_y = evaluate.first_rows(queries, 8)
+bank_x, bank_y = features.first_rows(bank, len(train_data))
+query_x, query_y = features.first_rows(queries, 8)
 unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
 similarity = unit(query_x) @ unit(bank_x).T                # [8, N_train]
 neighbours = np.argsort(-similarity, axis=1)[:, :8]

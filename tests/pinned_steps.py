@@ -28,6 +28,8 @@ import sys
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 
 import jax  # noqa: E402
+from contrastive_jax import step as step_lib
+from contrastive_jax import runtime
 import numpy as np  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,9 +97,9 @@ def run(name: str, on_first_step=None) -> dict:
   config = tiny(name)
   images, labels = data()
   total = 10
-  mesh = train.create_mesh()
+  mesh = runtime.create_mesh()
   sharded = NamedSharding(mesh, P('data'))
-  setup = train.build(config, mesh, total_steps=total,
+  setup = step_lib.build(config, mesh, total_steps=total,
                       steps_per_epoch=N_DATA // BATCH, num_examples=N_DATA,
                       image_shape=images.shape[1:], num_classes=4)
   views_cfg = augment.build_views(config.augment.preset,
@@ -130,7 +132,7 @@ def run(name: str, on_first_step=None) -> dict:
            'key_batch_stats': getattr(ms, 'key_batch_stats', None),
            'queue': getattr(ms, 'queue', None),
            'bank': getattr(ms, 'bank', None),
-           'probe': (state.probe_params, state.probe_opt_state)}
+           'probe': (state.classifier_params, state.classifier_opt_state)}
   return {'loss': losses, 'grad_norm': grad_norms,
           'checksums': {k: checksums(v) for k, v in parts.items()
                         if jax.tree.leaves(v)}}

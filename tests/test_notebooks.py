@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), 'notebooks'))
+from contrastive_jax.evaluators import features
 import execute  # noqa: E402  (notebooks/execute.py)
 
 DUMP = 'import json; print("JSON:" + json.dumps({}))'
@@ -83,19 +84,19 @@ def test_train_then_checkpoint_notebooks(tmp_path):
   with open(tmp_path / 'results.json') as f:
     assert v['results'] == json.load(f)
   assert v['results']['steps'] == 128          # 2 epochs of 2048 / 32.
-  knn_steps = [h['step'] for h in v['history'] if 'online/knn_top1@20' in h]
+  knn_steps = [h['step'] for h in v['history'] if 'online/knn_weighted_top1@20' in h]
   assert knn_steps == [32, 64, 96, 128]
   assert _images(nb) == 2                      # The curves, summary.png.
   stderr = ''.join(o.get('text', '') for c in nb.cells
                    for o in c.get('outputs', []) if o.get('name') == 'stderr')
-  assert 'pretraining: 100%' in stderr and 'online/knn_top1@20' in stderr
+  assert 'pretraining: 100%' in stderr and 'online/knn_weighted_top1@20' in stderr
 
   # The checkpoint, restored in another kernel, gives the end-of-run kNN
   # accuracy of the in-memory encoder again.
   one_nn = ('(lambda q, qy, b, by: float(np.mean(by[np.argmax('
             '(q / np.linalg.norm(q, axis=1, keepdims=True)) @ '
             '(b / np.linalg.norm(b, axis=1, keepdims=True)).T, axis=1)] == qy'
-            ')))(*evaluate.first_rows(queries, 10 ** 9), bank_x, bank_y)')
+            ')))(*features.first_rows(queries, 10 ** 9), bank_x, bank_y)')
   nb, w = _run('03_checkpoint', [
       'step', '{k: float(x) for k, x in scores.items()}', one_nn,
       'neighbour_agreement'], env=env)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+from contrastive_jax import config_lib
 import pytest
 
 from benchmarks import reproduce
@@ -162,7 +163,7 @@ def test_every_study_config_passes_validation():
       for p in path:
         node = node[p]
       node[leaf] = value
-    train.validate_config(config, num_devices=8)
+    config_lib.validate(config, num_devices=8)
 
 
 # ------------------------------------------------------------ statistics ---
