@@ -67,7 +67,6 @@ import statistics
 import subprocess
 import sys
 import time
-from contrastive_jax import step as step_lib
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -217,7 +216,7 @@ def jax_worker(args) -> int:
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
   from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import step as step_lib  # pylint: disable=g-import-not-at-top
 
   def say(obj):
     print(json.dumps(obj), flush=True)
@@ -736,7 +735,8 @@ def main() -> int:
     prepare()
     return 0
   if args.decode_rate is not None:
-    import contrastive_jax  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+    runtime.size_cpu_thread_pools()
     print(json.dumps(decode_rate(args.decode_rate, os.path.join(
         args.cache_dir, 'jpeg', 'jpeg_1024_384'), busy=args.busy)))
     return 0
@@ -751,7 +751,8 @@ def main() -> int:
     except ImportError:
       args.torch_python = ''
   # Sizes XLA:CPU's thread pools before jax starts (contrastive_jax/runtime).
-  import contrastive_jax  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  runtime.size_cpu_thread_pools()
   os.makedirs(args.out, exist_ok=True)
   report = {'date': time.strftime('%Y-%m-%d %H:%M:%S %Z'),
             'commit': args.commit, 'dry': args.dry, 'versions': _versions(),

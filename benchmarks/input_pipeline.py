@@ -87,8 +87,6 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 
-from contrastive_jax import step as step_lib
-from contrastive_jax.methods import moco
 import numpy as np  # noqa: E402
 
 PEER = os.path.join(_HERE, 'torch_dataloader_peer.py')
@@ -326,7 +324,7 @@ def run_peer(torch_python, root, *, batch, image_size, warmup, timed,
 
 def queue_rows(queue: int, dim: int, batch: int, steps: int) -> list[dict]:
   from benchmarks import queue_comm  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import state as state_lib  # pylint: disable=g-import-not-at-top
+  from contrastive_jax.methods import memory_bank, moco  # pylint: disable=g-import-not-at-top
   config = queue_comm._moco_config(queue, dim, batch)  # pylint: disable=protected-access
   rows = []
   sharded_enqueue = moco.enqueue
@@ -467,7 +465,8 @@ def _train_step_views_per_s(iters: int) -> float:
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
   from configs import base  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import step as step_lib  # pylint: disable=g-import-not-at-top
   config = base.get_config()
   mesh = runtime.create_mesh()
   setup = step_lib.build(config, mesh, total_steps=1000, steps_per_epoch=117,

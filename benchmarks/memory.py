@@ -38,9 +38,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-from contrastive_jax import step as step_lib
-from contrastive_jax import runtime
-from contrastive_jax import config_lib
 import time
 
 GIB = 1024 ** 3
@@ -56,7 +53,9 @@ def step_memory(method: str, per_device: int, dtype: str) -> dict[str, float]:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import step as step_lib  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import config_lib  # pylint: disable=g-import-not-at-top
   from input_pipeline import augment  # pylint: disable=g-import-not-at-top
 
   config = importlib.import_module(f'configs.papers.{method}').get_config(

@@ -52,10 +52,6 @@ import collections
 import os
 import re
 import sys
-from contrastive_jax import step as step_lib
-from contrastive_jax import runtime
-from contrastive_jax.methods import moco
-from contrastive_jax.methods import memory_bank
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -152,7 +148,8 @@ def _compile_and_time(config, *, num_examples: int, steps: int):
   import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import step as step_lib  # pylint: disable=g-import-not-at-top
 
   mesh = runtime.create_mesh()
   steps_per_epoch = num_examples // config.batch_size
@@ -225,7 +222,7 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
 
   import jax  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import state as state_lib  # pylint: disable=g-import-not-at-top
+  from contrastive_jax.methods import memory_bank, moco  # pylint: disable=g-import-not-at-top
   assert jax.device_count() == 8, jax.devices()
   try:
     load = os.getloadavg()

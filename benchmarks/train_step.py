@@ -169,7 +169,9 @@ def _image_shape(model: str):
 
 def _build(config, mesh, model: str):
   """step_lib.build(config) exactly as train.py calls it."""
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import step as step_lib  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import optim  # pylint: disable=g-import-not-at-top
   # Fashion-MNIST: 60k / 512 = 117 steps per epoch, 4 epochs. The schedule
   # only sets lr values, not the cost of a step.
   steps_per_epoch = 60_000 // config.batch_size
@@ -207,7 +209,9 @@ def run_step(model: str, devices: int, batch: int, steps: int,
   import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import step as step_lib  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import optim  # pylint: disable=g-import-not-at-top
   if threads:   # After the import sized the pools, before the backend starts.
     os.environ['PJRT_NPROC'] = str(threads)
 
@@ -255,7 +259,9 @@ def run_profile(steps: int) -> dict:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from contrastive_jax import losses  # pylint: disable=g-import-not-at-top
   from contrastive_jax import models  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import step as step_lib  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import optim  # pylint: disable=g-import-not-at-top
 
   config = _config('default', 512)
   mesh = runtime.create_mesh()
@@ -417,8 +423,6 @@ _PEER_PROFILE = r"""
 import json, statistics, sys, time
 sys.argv = ['peer', sys.argv[1], '1']
 sys.path.insert(0, %r)
-from contrastive_jax import step as step_lib
-from contrastive_jax import runtime
 import torch, torch_default_step as peer
 from torch.profiler import ProfilerActivity, profile
 torch.manual_seed(0)

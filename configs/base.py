@@ -81,7 +81,7 @@ def get_config() -> ml_collections.ConfigDict:
   # the training data; its seed is fixed, independent of config.seed
   # (input_pipeline/splits.py). Choices are made on it; see config.eval.split.
   config.dataset.validation_size = 0
-  # CACR's class-imbalanced training data (Table 2; notes/cacr.md Sec. 3.3),
+  # CACR's class-imbalanced training data (the CACR paper's Table 2),
   # applied after the holdout: 'none', 'linear' (class level l of L keeps
   # l / L of its examples) or 'exponential' (keeps exp(l - L)).
   config.dataset.imbalance = 'none'

@@ -6,14 +6,12 @@ temporary directory and renames it when complete, so a run killed mid-save
 leaves at most an unfinished directory that is never listed; a finished but
 unreadable checkpoint is skipped with a warning in favour of the one before.
 
-Replicated arrays are written by one replica each, except large ones: orbax's
-replica-parallel saving cuts every replicated array into one slice per replica,
-each cut a small jitted `slice` compiled per array shape and device, which cost
-the default job's first save 96 compilations (~12 s on 8 CPU devices) and a
-ResNet-18 on 16 devices 240 (~17 s) for arrays of a few KB. Slicing pays off
-where several hosts share the write of a large array: it is kept for slices
-of at least `REPLICA_PARALLEL_MIN_BYTES` (a ResNet-50's 9.4 MB 3x3x512x512
-kernels on 8 replicas: 1.2 MB each), and smaller arrays are written whole.
+Replicated arrays are written by one replica each, except large ones:
+orbax's replica-parallel saving cuts every replicated array into one slice
+per replica, each cut a small jitted `slice` compiled per array shape and
+device, which costs more than it saves for small arrays. Slicing is kept for
+slices of at least `REPLICA_PARALLEL_MIN_BYTES`, where several hosts sharing
+the write of a large array pays off (docs/performance.md has the figures).
 """
 
 from __future__ import annotations

@@ -430,8 +430,8 @@ class SmallAlexNet(nn.Module):
   the embedding the loss reads) is this project's projection head with
   `config.model.head_layers = 1`.
 
-  Assumptions (the paper defers to Wang & Isola's code, see
-  /work/shared/notes/cacr.md section 3.1): every conv is bias-free, as
+  Assumptions (the paper defers to Wang & Isola's code for the encoder):
+  every conv is bias-free, as
   conv1 is in that code; weights are N(0, 0.02) as there; the flatten size
   follows the input (192*3*3 at 32 px, 192*2*2 at 28 px).
 

@@ -56,28 +56,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     data: (train, eval) sources (e.g. `pipeline.ArrayDataset`s) to use instead
       of opening `config.dataset` (tests inject synthetic data this way).
 
-  Returns:
-    The results dict written to results.json.
-
-  Raises:
-    Preempted: SIGTERM arrived; the checkpoint of the step reached is saved.
-    FloatingPointError: a non-finite metric; earlier checkpoints are kept.
-    ValueError: a bad config or data, e.g. more undecodable records than
-      config.dataset.max_bad_fraction (docs/input_pipeline.md).
+  Returns the results dict written to results.json. Raises `Preempted`
+  (SIGTERM; the step reached is saved), FloatingPointError (a non-finite
+  metric; earlier checkpoints are kept) or ValueError (a bad config or data,
+  docs/input_pipeline.md).
   """
-  config = config_lib.with_defaults(config)
-  config_lib.validate(config)
-  workdir_lib.check_config(config, workdir)
-  stored_classes = workdir_lib.load_classes(workdir)
-  train_data, test_data = data or data_lib.load(config, stored_classes)
-  workdir_lib.store_classes(workdir, stored_classes, train_data.classes)
-  evaluators.validate(config, num_devices=jax.device_count(),
-                      num_train=len(train_data))
-  logging.info('Data: %d training and %d evaluation examples of shape %s; '
-               'compiling the step.', len(train_data), len(test_data),
-               tuple(train_data.image_shape))
+  config, train_data, test_data = _prepare(config, workdir, data)
   splits = {'training data': train_data, 'evaluation data': test_data}
-
   mesh = runtime.create_mesh()
   rows, replicated = NamedSharding(mesh, P('data')), NamedSharding(mesh, P())
   batches = pipeline.TrainBatches(
@@ -138,24 +123,49 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     manager.wait_until_finished()
     manager.close()
   train_seconds = time.time() - log.t0
-
-  results, embeddings = evaluators.run_final(evals, {
-      'trained': features.variables_of(state),
-      # The donated initial state is gone; init is deterministic: redo it.
-      'random_init': features.variables_of(setup.init_fn(init_rng))},
-                                             env, baselines=config.eval.baselines)
-  # Evaluation has read every record of both splits: the full count.
-  results.update(data_lib.count_skipped(config, splits))
-  if results['data/skipped_records']:
-    logging.warning('%d undecodable records were replaced by black images in '
-                    'training and left out of evaluation: %s',
-                    results['data/skipped_records'],
-                    ', '.join(results['data/skipped_files']))
+  # The donated initial state is gone; init is deterministic: redo it.
+  results, embeddings = _evaluate(evals, env, state,
+                                  setup.init_fn(init_rng), splits)
   results.update(log.results(), steps=total_steps,
                  train_seconds=round(train_seconds, 1),
                  resumed_from_step=restored_step)
   log.finish(results, embeddings, classes=train_data.classes)
   return results
+
+
+def _prepare(config, workdir: str, data):
+  """The config with its defaults, checked; the workdir bound to it; the
+  data loaded and checked against what needs its size. Before any
+  compilation or training."""
+  config = config_lib.with_defaults(config)
+  config_lib.validate(config)
+  workdir_lib.check_config(config, workdir)
+  stored_classes = workdir_lib.load_classes(workdir)
+  train_data, test_data = data or data_lib.load(config, stored_classes)
+  workdir_lib.store_classes(workdir, stored_classes, train_data.classes)
+  evaluators.validate(config, num_devices=jax.device_count(),
+                      num_train=len(train_data))
+  logging.info('Data: %d training and %d evaluation examples of shape %s; '
+               'compiling the step.', len(train_data), len(test_data),
+               tuple(train_data.image_shape))
+  return config, train_data, test_data
+
+
+def _evaluate(evals, env, state, initial_state, splits):
+  """The final evaluators on the trained and (baselines) the initial
+  encoder, and the count of undecodable records: (results, embeddings)."""
+  results, embeddings = evaluators.run_final(evals, {
+      'trained': features.variables_of(state),
+      'random_init': features.variables_of(initial_state)},
+                                             env, baselines=env.config.eval.baselines)
+  # Evaluation has read every record of both splits: the full count.
+  results.update(data_lib.count_skipped(env.config, splits))
+  if results['data/skipped_records']:
+    logging.warning('%d undecodable records were replaced by black images in '
+                    'training and left out of evaluation: %s',
+                    results['data/skipped_records'],
+                    ', '.join(results['data/skipped_files']))
+  return results, embeddings
 
 
 def _preemption_check():

@@ -28,8 +28,6 @@ import sys
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 
 import jax  # noqa: E402
-from contrastive_jax import step as step_lib
-from contrastive_jax import runtime
 import numpy as np  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -92,7 +90,8 @@ def run(name: str, on_first_step=None) -> dict:
   """
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import step as step_lib  # pylint: disable=g-import-not-at-top
   from input_pipeline import augment  # pylint: disable=g-import-not-at-top
   config = tiny(name)
   images, labels = data()

@@ -11,7 +11,6 @@ absent, not failed.
 import json
 import os
 import subprocess
-from contrastive_jax import step as step_lib
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

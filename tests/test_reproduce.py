@@ -10,8 +10,9 @@ import subprocess
 import sys
 
 import numpy as np
-from contrastive_jax import config_lib
 import pytest
+
+from contrastive_jax import config_lib
 
 from benchmarks import reproduce
 

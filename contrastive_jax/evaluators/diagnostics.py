@@ -141,7 +141,7 @@ def semantic_sensitivity(f: jax.Array, labels: jax.Array,
   the cosine of L2-normalised features, so S = 1 when same-class pairs
   coincide and different classes are antipodal; collapse gives
   p_same + (1 - p_same) e^-4. The mean is over ordered pairs x != y (the
-  notes' recommendation; the diagonal would add ~1/M), in row blocks so
+  diagonal would add ~1/M), in row blocks so
   memory is [block, M].
 
   Args:

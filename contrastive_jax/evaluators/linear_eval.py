@@ -70,8 +70,8 @@ class LinearEvalConfig:
 
 _CROP_FLIP = augment.ViewConfig(crop_scale=(0.08, 1.), flip_p=0.5)
 
-# Values and sources: /work/shared/notes (cacr.md Sec. 4, tcl.md Sec. 5,
-# macl.md Sec. 6.1) and the papers named.
+# Each preset's source is in its comment: the paper's appendix or its
+# released evaluation script.
 PRESETS: dict[str, LinearEvalConfig] = {
     # MoCo v1/v2 ImageNet linear classification (also CACR's and JCL's):
     # SGD lr 30, batch 256, 100 epochs, x0.1 at 60 and 80, no weight decay;
