@@ -248,57 +248,8 @@ def test_resnet_configs_outside_papers_build_and_lower():
     assert 'convolution' in text and 'bf16' in text
 
 
-# The colour jitter (brightness, contrast, saturation, hue) and crop scale of
-# every view, from the official recipes (docs/recipe_audit.md): strength 0.5
-# = (0.4, 0.4, 0.4, 0.1) for lightly's CIFAR benchmark and SimCLR's CIFAR
-# command; MoCo v3's (0.4, 0.4, 0.2, 0.1) (main_moco.py, solo-learn
-# mocov3.yaml); SupContrast's (0.4, 0.4, 0.4, 0.1) with crop (0.2, 1).
-_CIFAR_LIGHTLY = ((0.4, 0.4, 0.4, 0.1), (0.08, 1.0))
-VIEWS = {
-    ('simclr', 'cifar10'): _CIFAR_LIGHTLY,
-    ('dcl', 'cifar10'): _CIFAR_LIGHTLY,
-    ('moco_v2', 'cifar10'): _CIFAR_LIGHTLY,
-    ('jcl', 'cifar10'): _CIFAR_LIGHTLY,
-    ('supcon', 'cifar10'): ((0.4, 0.4, 0.4, 0.1), (0.2, 1.0)),
-    ('moco_v3', 'cifar10'): ((0.4, 0.4, 0.2, 0.1), (0.08, 1.0)),
-    ('moco_v3', 'imagenet'): ((0.4, 0.4, 0.2, 0.1), (0.08, 1.0)),
-    ('simclr', 'imagenet'): ((0.8, 0.8, 0.8, 0.2), (0.08, 1.0)),
-}
-
-
-@pytest.mark.parametrize('method,scale', sorted(VIEWS))
-def test_views_have_the_official_jitter_and_crop(method, scale):
-  from input_pipeline import augment  # pylint: disable=g-import-not-at-top
-  c = _load(method).get_config(scale)
-  views = augment.build_views(c.augment.preset, c.augment.num_views,
-                              c.augment.overrides)
-  jitter, crop = VIEWS[method, scale]
-  for v in views:
-    np.testing.assert_allclose(v.jitter_amounts(), jitter, rtol=1e-6)
-    assert v.crop_scale == crop
-  # cifar100 resolves to the same views as cifar10.
-  if scale == 'cifar10':
-    c100 = _load(method).get_config('cifar100')
-    assert augment.build_views(c100.augment.preset, c100.augment.num_views,
-                               c100.augment.overrides) == views
-
-
-@pytest.mark.parametrize('method,scale', [
-    (m, s) for m in METHODS for s in common.SCALES])
-def test_lars_constants_are_the_official_ones(method, scale):
-  # solo-learn mocov3.yaml (MoCo v3 CIFAR): eta 0.02, clip_lr, wd 1e-6; every
-  # other LARS recipe (SimCLR lars_optimizer.py, moco-v3 optimizer.py):
-  # trust 0.001, no clipping.
-  opt = _load(method).get_config(scale).optimizer
-  if opt.name != 'lars':
-    return
-  if method == 'moco_v3' and scale != 'imagenet':
-    assert (opt.trust_coefficient, opt.clip_lr, opt.weight_decay) == (
-        0.02, True, 1e-6)
-  else:
-    assert (opt.trust_coefficient, opt.clip_lr) == (0.001, False)
-
-
+# Every hyperparameter value is pinned by tests/test_recipes.py against
+# configs/papers/recipes.yaml; this checks what the warmup values do.
 @pytest.mark.parametrize('scale', ['cifar10', 'cifar100'])
 def test_supcon_cifar_warms_up_10_epochs_from_0_01(scale):
   # SupContrast main_supcon.py (batch > 256): warm_epochs 10 from 0.01 to the

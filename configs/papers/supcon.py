@@ -1,29 +1,19 @@
 """SupCon (Khosla et al. 2020): supervised contrastive loss, every view with
 the anchor's label is a positive.
 
-Launch (every host of a pod runs the same command; configs/papers/common.py
-says how to prepare ImageNet and join the hosts):
-
   python main.py --config=configs/papers/supcon.py:imagenet \\
       --workdir=gs://bucket/supcon_in1k --config.dataset.data_dir=$DATA
   python main.py --config=configs/papers/supcon.py:cifar10 --workdir=...
   python main.py --config=configs/papers/supcon.py:cifar100 --workdir=...
 
-imagenet: ResNet-50, tau 0.1, L_out, LARS with SimCLR's settings at batch
-4096, 10 warmup epochs then cosine, 2048-2048-128 head, SimCLR's
-augmentation, 350 epochs. Paper: 78.7% top-1 (ResNet-50, Table 1; the
-batch and epochs quoted without the paper at hand, unverified here), with
-AutoAugment and batch 6144 over 700 epochs, which this does not follow (no
-AutoAugment here; --config.batch_size=6144 --config.num_epochs=700 for the
-paper's size).
-
-cifar10 / cifar100: the SupContrast code's recipe (batch 1024, SGD lr 0.5 x B
-/ 1024, momentum 0.9, weight decay 1e-4, 10 warmup epochs from lr 0.01 then
-cosine, tau 0.1, crop 0.2-1, colour
-jitter (0.4, 0.4, 0.4, 0.1) p 0.8) with ResNet-18
-for 200 epochs. Paper: 96.0% (CIFAR-10) and 76.5% (CIFAR-100) top-1 with
-ResNet-50 over 1000 epochs (Table 2): a stronger encoder and a 5x longer
-schedule than this config.
+imagenet: ResNet-50, tau 0.1, L_out, SupContrast's head, SimCLR's LARS recipe
+at batch 4096 for 350 epochs (the paper's ImageNet values are unverified).
+cifar10 / cifar100: SupContrast's CIFAR command (batch 1024, SGD lr 0.5, 10
+warmup epochs from 0.01, cosine, tau 0.1) with ResNet-18 for 200 epochs.
+Every value, its source and why it differs: configs/papers/recipes.yaml.
+Paper: 78.7% top-1, ResNet-50 (SupCon paper Table 1, with AutoAugment;
+unverified here); SupContrast README: 96.0% (CIFAR-10) and 76.5% (CIFAR-100)
+top-1 with ResNet-50 over 1000 epochs, a stronger and longer setting.
 """
 
 import ml_collections
@@ -39,6 +29,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.loss = 'supcon'
   config.loss_kwargs = ml_collections.ConfigDict(
       {'temperature': 0.1, 'variant': 'out'})
+  # SupContrast networks/resnet_big.py SupConResNet head='mlp':
+  # Linear-ReLU-Linear, no BatchNorm.
+  config.model.head_batch_norm = False
   if scale == 'imagenet':
     common.lars_simclr(config, epochs=350.)
   else:

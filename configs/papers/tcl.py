@@ -1,32 +1,20 @@
 """TCL, supervised (Animesh 2023, "Tuned Contrastive Learning"): SupCon's
 batch with the k1 / k2 terms that tune the positives' and negatives' gradient.
 
-Launch (every host of a pod runs the same command; configs/papers/common.py
-says how to prepare ImageNet and join the hosts):
-
   python main.py --config=configs/papers/tcl.py:imagenet \\
       --workdir=gs://bucket/tcl_in1k --config.dataset.data_dir=$DATA
   python main.py --config=configs/papers/tcl.py:cifar10 --workdir=...
   python main.py --config=configs/papers/tcl.py:cifar100 --workdir=...
 
-The thesis's recipe (/work/shared/notes/tcl.md Sec. 5.2): tau 0.1, k1 5000
-(CIFAR-10) / 4000 (CIFAR-100, ImageNet-100), k2 1, SGD (momentum 0.9,
-weight decay 1e-4), cosine, 100 contrastive epochs, then its linear stage
-(50 epochs, SGD lr 0.5, cosine). Contrastive lr: 0.1 at 64 images per step
-(CIFAR-10), 0.2 at 128 (CIFAR-100), 0.3 at 128 (ImageNet-100).
-
-imagenet: the thesis has no ImageNet-1k experiment; this is its ImageNet-100
-recipe (ResNet-18 there; ResNet-50 here, as the other ImageNet configs) on
-ImageNet-1k at batch 256. Paper: 86.7% top-1 on ImageNet-100 (Table 5.1; a
-different dataset, the closest published number).
-
-cifar10 / cifar100: the thesis's recipe with ResNet-18 (the thesis: ResNet-50)
-and SimCLR's augmentation (the thesis: AutoAugment). Paper: 96.4% (CIFAR-10)
-and 79.8% (CIFAR-100) top-1 with ResNet-50 (Table 5.1).
-
-The self-supervised TCL variant: --config.use_labels=False
+The thesis's recipe (Sec. 5.2): tau 0.1, k1 5000 (CIFAR-10) / 4000, k2 1, SGD
+(momentum 0.9, weight decay 1e-4), cosine, 100 epochs, then a 50-epoch linear
+stage; ResNet-18 on CIFAR and ResNet-50 on ImageNet-1k (the thesis: ResNet-50
+and ResNet-18 on ImageNet-100), SimCLR's augmentation (the thesis:
+AutoAugment). Self-supervised TCL: --config.use_labels=False
 --config.loss_kwargs.k1=1 --config.loss_kwargs.k2=1.5
---config.augment.num_views=3 (thesis Sec. 5.3).
+--config.augment.num_views=3.
+Paper: 96.4% (CIFAR-10), 79.8% (CIFAR-100) top-1, ResNet-50, and 86.7% on
+ImageNet-100 (TCL thesis Table 5.1).
 """
 
 import ml_collections
