@@ -8,10 +8,10 @@ peak lr 1e-3. Not simclr.py (tau 0.2) or papers/simclr.py: docs/configs.md.
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \
     python main.py --config=configs/default.py --workdir=workdir/default
 
-Expected (4 epochs, 3748 steps; about 20 minutes on 2 CPU cores), test split,
-kNN / linear: trained 83.54 / 88.58, random-init encoder 81.92 / 85.21, raw
-pixels 78.85 / 84.27. Across machines the trained encoder's figures move by a
-few tenths (another CPU of the same kind gave 83.60 / 88.20): docs/results.md.
+Expected (4 epochs, 3748 steps; 20-25 minutes on 2 CPU cores), test split,
+kNN / linear: trained 83.60 / 88.20, random-init encoder 81.92 / 85.21, raw
+pixels 78.85 / 84.26. The trained encoder's figures move by a few tenths across
+machines (other runs: 83.54 / 88.58): docs/results.md.
 """
 
 import ml_collections
