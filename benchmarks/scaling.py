@@ -461,11 +461,21 @@ def print_summary(groups: list[Group]):
           f'{exponent(g.sizes, g.values):>8.2f} {g.expected:>8g}')
 
 
+def _short(value: float, _=None) -> str:
+  """A tick label: 64, 512, 4.1k, 66k, 1.3M, 0.5."""
+  for scale, suffix in ((1e6, 'M'), (1e3, 'k')):
+    if value >= scale:
+      v = value / scale
+      return f'{v:.2g}{suffix}' if v < 10 else f'{v:.0f}{suffix}'
+  return f'{value:g}' if value >= 1 else f'{value:.2g}'
+
+
 def plot(groups: list[Group], path: str):
   """One log-log panel per group: points, their fit and the expected slope."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   cols = min(3, len(groups))
   rows = -(-len(groups) // cols)
   fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows),
@@ -483,6 +493,15 @@ def plot(groups: list[Group], path: str):
     ax.set_title(g.title, fontsize=9)
     ax.set_xlabel(g.size_name)
     ax.set_ylabel(g.unit)
+    # Ticks at the measured sizes only, in short plain numbers (64, 4k, 1.3M):
+    # log axes' default minor labels (3x10^2, 4x10^2) collide.
+    ax.xaxis.set_major_locator(ticker.FixedLocator(x))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(_short))
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
+    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1., 2., 3., 5.)))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(_short))
+    ax.yaxis.set_minor_locator(ticker.NullLocator())
+    ax.tick_params(axis='x', labelsize=8)
     ax.legend(fontsize=8)
   for ax in list(axes.flat)[len(groups):]:
     ax.axis('off')

@@ -33,7 +33,7 @@ printed before and after, and timings are the median of the timed steps.
 
 `--peer` (the comparison the project is held to): the default step on
 `--peer_devices` devices and the PyTorch peer of the same step
-(`../shared/tools/torch_default_step.py`: the same SmallCNN, head, NT-Xent
+(`benchmarks/torch_default_step.py`: the same SmallCNN, head, NT-Xent
 and AdamW; its best of NCHW and channels-last), alternated for `--rounds`
 rounds in one run, each in a fresh process; prints both img/s per round,
 their medians and ours / peer. The peer runs from a separate interpreter
@@ -401,8 +401,7 @@ def _subprocess(args: list[str]) -> dict:
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-PEER_SCRIPT = os.path.join(os.path.dirname(ROOT), 'shared', 'tools',
-                           'torch_default_step.py')
+PEER_SCRIPT = os.path.join(ROOT, 'benchmarks', 'torch_default_step.py')
 TORCH_PYTHON = '/tmp/torchvenv/bin/python'
 
 

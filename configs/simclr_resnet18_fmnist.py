@@ -1,19 +1,16 @@
 """SimCLR with ResNet-18 on Fashion-MNIST at a paper-sized budget (one GPU).
 
-  python main.py --config=configs/simclr_resnet18_fmnist.py \\
+configs/papers/simclr.py:cifar10 (ResNet-18 with the CIFAR stem, batch 512,
+SGD, tau 0.5, bf16 compute) on Fashion-MNIST with the 'fmnist' augmentation,
+100 epochs, evaluated as every run here (kNN and linear probe, baselines).
+
+  python main.py --config=configs/simclr_resnet18_fmnist.py \
       --workdir=workdir/simclr_resnet18_fmnist
 
-The CIFAR-10 recipe of configs/papers/simclr.py (lightly's benchmark:
-ResNet-18 with the CIFAR stem, batch 512, SGD 0.06 x B / 128 with momentum
-0.9 and weight decay 5e-4, cosine, tau 0.5, a 512-512-128 head, bf16
-compute) on Fashion-MNIST's 28 x 28 grayscale images with their augmentation
-('fmnist': crop 0.3-1, flip, brightness/contrast jitter, erasing), 100
-epochs. Evaluated as every run here: weighted kNN (k = 200) and the L-BFGS
-linear probe on the frozen pooled features, beside raw pixels and the
-randomly initialised encoder.
-
-Expected: see docs/results.md ("ResNet-18 on a GPU"), which gives the
-measured accuracies, the epochs run and the GPU.
+Expected (one run on one H100, about 4 minutes, by
+`bash benchmarks/run_on_gpu.sh train OUT 100`: this command on the same images
+read from npz), test split, kNN / linear: trained 86.60 / 89.80, random-init
+encoder 77.19 / 77.69; docs/results.md, "ResNet-18 on a GPU".
 """
 
 from configs.papers import simclr

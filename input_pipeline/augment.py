@@ -4,8 +4,7 @@ Each op maps `(rng, image [H, W, C] float32 in [0, 1], **params) -> image` and i
 vmapped over the batch by `augment_batch`, so one jitted call turns a sharded
 batch of raw images into K views on the devices that train on them (BYOL does
 its colour ops the same way). On this 2-core CPU that runs at several times the
-rate of a per-image tf.data map; see the README's input-pipeline section for the
-measurement.
+rate of a per-image tf.data map (the measurement: docs/input_pipeline.md).
 
 Grayscale images (C = 1) are supported: saturation, hue and random grayscale are
 identities on one channel (there is no colour to change), brightness and

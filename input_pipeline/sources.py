@@ -32,7 +32,7 @@ side resized to `image_size` and centre-cropped to a square, so batches stack;
 the random augmentations then run on the devices (`augment.py`). Decoding a
 JPEG needs a CPU codec and varies in shape, which is why it is the host's job;
 everything after it is fixed-shape array work that the accelerators do far
-faster than the host (see README "Input pipeline").
+faster than the host (docs/input_pipeline.md).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ caller in the training job, through `prepare_train`.
   `config.seed`: every run, whatever its seed, is scored on the same
   validation examples and never trains on them.
 * Class imbalance (`config.dataset.imbalance`): CACR's linear or exponential
-  rule (Table 2; `imbalance.py`, notes/cacr.md section 3.3), applied to the
+  rule (Table 2; `imbalance.py`, docs/configs.md), applied to the
   training data *after* the holdout, so the validation split stays balanced
   like the test split (the paper evaluates on the standard balanced sets).
 """

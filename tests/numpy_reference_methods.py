@@ -1,7 +1,8 @@
 """Float64 numpy references for CACR, MACL, JCL and the losses they reduce to.
 
-Written from the equations in /work/shared/notes/{cacr,macl,jcl}.md with
-explicit Python loops over anchors, deliberately without sharing code or tricks
+Written from the papers' equations (CACR: Zheng et al. 2021, Sec. 3 and
+App. C; MACL: Huang et al. 2022, Eqs. 8-14; JCL: Cai et al. 2020, Eq. 8) and
+their released code, with explicit Python loops over anchors, deliberately without sharing code or tricks
 with the JAX implementations (explicit differences for distances, 1 - P for W,
 an explicit D x D covariance for JCL). Also a central finite-difference
 gradient, so stop-gradient semantics can be checked by freezing inputs.
@@ -48,7 +49,7 @@ def num_grad(f, x, eps=1e-6):
 # ----------------------------------------------------------------------- CACR
 def cacr_in_batch(z, *, t_pos=1.0, t_neg=2.0, cost='euclidean', rbf_t=2.0,
                   negatives='cross_view', wz_pos=None, wz_neg=None):
-  """CACR, in-batch regime (notes/cacr.md Sec. 2.4/2.5); z: [N, V, D].
+  """CACR, in-batch regime (paper Sec. 3.2, released small-scale code); z: [N, V, D].
 
   wz_pos / wz_neg: embeddings used only inside the pi+ / pi- weights (freeze
   them to emulate stop-gradient); default z.
@@ -95,7 +96,7 @@ def cacr_in_batch(z, *, t_pos=1.0, t_neg=2.0, cost='euclidean', rbf_t=2.0,
 def cacr_moco(z, key, queue, *, t_pos=1.0, t_neg=2.0, cost='euclidean',
               rbf_t=2.0, intra_batch=True, wz_pos=None, wz_neg=None,
               wz_neg_queue=None):
-  """CACR, MoCo-v2 regime (notes/cacr.md Sec. 2.6, Algorithm 3).
+  """CACR, MoCo-v2 regime (paper App. C.2, Algorithm 3).
 
   wz_pos: queries used inside pi+; wz_neg: queries used inside pi- for the
   in-batch part; wz_neg_queue: queries used inside pi- for the queue part.

@@ -8,9 +8,10 @@ import pytest
 from input_pipeline import imbalance
 from input_pipeline import pipeline
 
-# Kept per class on CIFAR-10 (5000 per class), from the CACR code's rules as
-# tabulated in /work/shared/notes/cacr.md section 3.3 (computed there, not
-# here): linear p = l/10, exponential p = e^l / e^10, int() truncation.
+# Kept per class on CIFAR-10 (5000 per class), from the CACR code's rules
+# (docs/configs.md, "Class-imbalanced data"), computed by hand, not by the
+# code under test: linear p = l/10, exponential p = e^l / e^10, int()
+# truncation.
 CIFAR10_LINEAR = [500, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000]
 CIFAR10_EXP = [0, 1, 4, 12, 33, 91, 248, 676, 1839, 5000]
 # CIFAR-100 (500 per class), per group of 10 consecutive classes.

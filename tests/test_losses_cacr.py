@@ -1,4 +1,4 @@
-"""Tests for contrastive_jax.losses.cacr (losses/attraction_repulsion.py) against notes/cacr.md."""
+"""Tests for contrastive_jax.losses.cacr (losses/attraction_repulsion.py) against the CACR paper (Zheng et al. 2021)."""
 
 import jax
 import jax.numpy as jnp
@@ -218,7 +218,7 @@ def test_moco_stop_gradient_flags():
 
 
 def test_detached_gradient_is_weighted_pull_and_push():
-  # notes item 10: with both weight sets detached and a queue of constant
+  # With both weight sets detached and a queue of constant
   # negatives, dL/dq = (2/(NV)) [sum_k pi+_k (q - k+_k) - sum_j pi-_j (q - n_j)]
   # projected on the tangent space (q is unit norm at the input).
   q = ref.normalize(_rand(23, 1, 2, 6))

@@ -1,4 +1,4 @@
-"""Tests for contrastive_jax.losses.jcl (losses/joint.py) against notes/jcl.md."""
+"""Tests for contrastive_jax.losses.jcl (losses/joint.py) against the JCL paper (Cai et al. 2020)."""
 
 import jax
 import jax.numpy as jnp
@@ -98,7 +98,7 @@ def test_variance_metrics():
     sigma = np.cov(k[i].T, bias=True)
     qsq.append(q[i] @ sigma @ q[i])
     tr.append(np.trace(sigma))
-    # tr Sigma = 1 - ||mu||^2 for unit keys (notes Sec. 5 item 11).
+    # tr Sigma = 1 - ||mu||^2 for unit keys (Sigma is the keys' biased covariance).
     assert np.trace(sigma) == pytest.approx(1 - np.sum(k[i].mean(0) ** 2))
   _close(metrics['q_sigma_q'], np.mean(qsq))
   _close(metrics['var_term'], 3.0 / (2 * 0.25 ** 2) * np.mean(qsq))
@@ -107,7 +107,7 @@ def test_variance_metrics():
 
 def test_large_lambda_drowns_the_negatives():
   # lambda -> inf: "the effect of negative keys completely vanishes owing to
-  # the overwhelming lambda Sigma" (Sec. 4.4; notes Sec. 5 item 10). Per query
+  # the overwhelming lambda Sigma" (the paper's Sec. 4.4). Per query
   # L_i - c_i = log(1 + sum_j e^{b_ij - a_i - c_i}) > 0, so the relative gap
   # (L - c) / c, with c = var_term, shrinks to 0 as lambda grows.
   query, key, queue = _inputs(6)
@@ -135,8 +135,9 @@ def test_large_lambda_drowns_the_negatives():
 
 
 def test_closed_form_gradient():
-  # notes Sec. 5 item 8, on a unit query (so the raw gradient is the
-  # tangent projection of the closed form).
+  # The gradient of the closed form (the paper's Eq. 8) with respect to q,
+  # derived by hand, on a unit query (so the raw gradient is the tangent
+  # projection of the closed form).
   query, key, queue = _inputs(7, n=1)
   q = ref.normalize(query)[0, 0]
   k = ref.normalize(key)[0]

@@ -1,4 +1,4 @@
-"""Tests for contrastive_jax.losses.macl (losses/model_aware.py) against notes/macl.md."""
+"""Tests for contrastive_jax.losses.macl (losses/model_aware.py) against the MACL paper (Huang et al. 2022)."""
 
 import jax
 import jax.numpy as jnp
@@ -86,7 +86,8 @@ def test_fixed_temperature_eq10_is_infonce():
 
 @pytest.mark.parametrize('layout', ['cross_view', 'simclr'])
 def test_alpha_one_has_dcl_gradients(layout):
-  # notes Sec. 2.8: with tau fixed, grad(Eq. 14) == grad(DCL), values differ.
+  # With tau fixed, grad(Eq. 14) == grad(DCL) (the logits' gradients are
+  # -1/tau on the positive and P/tau on each negative in both); values differ.
   z = _rand(5, 5, 2, 4)
   z64 = z.astype(np.float64)
   g_dcl = ref.num_grad(lambda x: ref.dcl(x, temperature=0.1, layout=layout),
@@ -99,7 +100,8 @@ def test_alpha_one_has_dcl_gradients(layout):
 
 
 def test_stop_gradient_on_temperature_and_weights():
-  # notes Sec. 9 item 4: autodiff == gradient with tau' and W frozen at the
+  # The paper treats tau' and W as constants of the step: autodiff ==
+  # gradient with tau' and W frozen at the
   # current batch; forgetting either sg changes the gradient measurably.
   z = _rand(6, 4, 2, 4)
   z0 = z.astype(np.float64)
@@ -137,7 +139,7 @@ def test_check_grads():
 
 
 def test_easy_anchor_float32_robustness():
-  # notes item 16: W ~ e^{-2/tau} underflows 1 - P_pos in float32. Two
+  # W ~ e^{-2/tau} underflows 1 - P_pos in float32. Two
   # instances, antipodal, views nearly identical; tau = 0.05 (alpha = 1).
   e = np.array([1., 0., 0., 0.], np.float32)
   d = np.array([0., 1., 0., 0.], np.float32)

@@ -99,7 +99,7 @@ def test_bad_sizes_are_rejected():
 @pytest.mark.parametrize('rule', ['linear', 'exponential'])
 def test_imbalance_after_holdout_counts(rule):
   # Fashion-MNIST's shape: 6000 per class, 10000 held out -> 5000 per class,
-  # then CACR's rule on the rest (the CIFAR-10 table of notes/cacr.md 3.3,
+  # then CACR's rule on the rest (the CIFAR-10 counts of docs/configs.md,
   # as 5000 per class remain).
   want = {'linear': [500, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500,
                      5000],

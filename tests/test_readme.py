@@ -1,0 +1,162 @@
+"""README.md stays a user guide whose commands run as written.
+
+Every command in its ```bash blocks names only repository paths that exist,
+every `--config=file[:arg]` loads, and every `--config.x.y=...` override
+names a field of that config; every repository path and relative link in the
+text exists; the loss snippet runs. The README is at most 250 lines and
+carries no dates, commit hashes, issue numbers or machine-load remarks (those
+belong in docs/ and CHANGELOG.md).
+"""
+
+import importlib.util
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, 'README.md')
+TOP = ('configs', 'contrastive_jax', 'input_pipeline', 'benchmarks', 'scripts',
+       'tests', 'notebooks', 'docs', '.ci')
+
+
+def _text():
+  with open(README) as f:
+    return f.read()
+
+
+def _blocks(text):
+  """(language, body) of each fenced code block."""
+  return re.findall(r'^```(\w*)\n(.*?)^```', text, re.S | re.M)
+
+
+def _commands(text):
+  """Each shell command of the bash blocks, continuation lines joined."""
+  commands = []
+  for lang, body in _blocks(text):
+    if lang != 'bash':
+      continue
+    body = re.sub(r'\\\n\s*', ' ', body)
+    for line in body.splitlines():
+      line = line.strip()
+      if line and not line.startswith('#'):
+        commands.append(shlex.split(line, comments=True))
+  return commands
+
+
+def _repo_path(token):
+  """The repository path a command token names, or None."""
+  token = token.split('=', 1)[1] if token.startswith('--') else token
+  if '=' in token and not token.startswith(TOP):   # VAR=value
+    token = token.split('=', 1)[1]
+  if token in ('main.py', 'LICENSE', 'CITATION.cff', 'requirements.txt',
+               'pyproject.toml', '.', '".[cuda]"'):
+    return token
+  if token.startswith(tuple(t + '/' for t in TOP)):
+    return token.split(':', 1)[0]
+  return None
+
+
+def _load_config(spec):
+  path, _, arg = spec.partition(':')
+  sys.path.insert(0, ROOT)
+  try:
+    module_spec = importlib.util.spec_from_file_location(
+        'readme_config', os.path.join(ROOT, path))
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+  finally:
+    sys.path.remove(ROOT)
+
+
+def test_readme_has_commands_and_they_name_existing_paths():
+  commands = _commands(_text())
+  assert len(commands) >= 10
+  named = [p for cmd in commands for t in cmd if (p := _repo_path(t))]
+  assert 'scripts/run_default.sh' in named and 'scripts/test.sh' in named
+  missing = sorted({p for p in named
+                    if p not in ('.', '".[cuda]"')
+                    and not os.path.exists(os.path.join(ROOT, p))})
+  assert not missing, missing
+
+
+def test_every_config_in_a_command_loads_and_its_overrides_exist():
+  loaded = 0
+  for cmd in _commands(_text()):
+    specs = [t.split('=', 1)[1] for t in cmd if t.startswith('--config=')]
+    if not specs:
+      continue
+    config = _load_config(specs[0])
+    loaded += 1
+    for t in cmd:
+      if t.startswith('--config.'):
+        node = config
+        for key in t[len('--config.'):].split('=', 1)[0].split('.'):
+          assert key in node, f'{t}: no field {key!r} in {specs[0]}'
+          node = node[key]
+  assert loaded >= 4
+
+
+def test_paths_and_links_in_the_text_exist():
+  text = _text()
+  paths = set(re.findall(
+      r'(?<![\w/.$-])((?:%s)/[\w./-]*\w/?)' % '|'.join(map(re.escape, TOP)),
+      text))
+  links = {t for t in re.findall(r'\]\(([^)]+)\)', text)
+           if not re.match(r'\w+://', t)}
+  ticked = {t for t in re.findall(r'`([\w.-]+\.(?:py|sh|md|txt|cff|toml))`',
+                                  text)}
+  assert len(paths) > 20
+  missing = sorted(p for p in paths | links
+                   if not os.path.exists(os.path.join(ROOT, p)))
+  missing += sorted(t for t in ticked if not any(
+      os.path.exists(os.path.join(ROOT, d, t))
+      for d in ('', 'configs', 'configs/papers')))
+  assert not missing, missing
+
+
+def test_the_loss_snippet_runs(tmp_path):
+  snippets = [body for lang, body in _blocks(_text())
+              if lang == 'python' and 'losses.ntxent' in body]
+  assert len(snippets) == 1
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
+  out = subprocess.run([sys.executable, '-c', snippets[0]], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  loss = float(out.stdout.split()[0])
+  # 32 instances x 2 views: a uniform softmax over the 63 others gives
+  # log 63; views that share their image must score better than chance.
+  assert 0 < loss < math.log(63), out.stdout
+
+
+def test_readme_is_short_and_undated():
+  text = _text()
+  assert len(text.splitlines()) <= 250
+  months = ('January|February|March|April|May|June|July|August|September|'
+            'October|November|December')
+  forbidden = {
+      'date': r'\b(19|20)\d\d-\d\d-\d\d\b|\b(%s) (\d{1,2}, )?(19|20)\d\d\b'
+              % months,
+      'commit hash': r'\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b',
+      'issue number': r'(?i)\bissues? #?\d+|(?<![\w/&])#\d+\b',
+      'machine load': r'(?i)load average|other tenants|machine load|'
+                      r'running beside it',
+  }
+  found = {what: [m.group(0) for m in re.finditer(pattern, text)]
+           for what, pattern in forbidden.items()}
+  assert not any(found.values()), found
+
+
+@pytest.mark.parametrize('bad', [
+    'measured on 2026-11-26', 'at commit 1f2b4ec', 'see issue 13',
+    'fixed in #14', 'load average 10-16'])
+def test_the_forbidden_patterns_catch_what_they_name(bad, monkeypatch):
+  monkeypatch.setattr(sys.modules[__name__], '_text',
+                      lambda: 'clean line\n' + bad + '\n')
+  with pytest.raises(AssertionError):
+    test_readme_is_short_and_undated()
