@@ -120,6 +120,8 @@ def evaluate(argv=None) -> None:
 def study(argv=None) -> int:
   """The study of the methods' claims (benchmarks/reproduce.py), from a
   checkout: its runs, results and report live in the repository."""
+  if os.path.exists(os.path.join('benchmarks', 'reproduce.py')):
+    sys.path.insert(0, os.getcwd())     # The checkout it runs from.
   try:
     from benchmarks import reproduce  # pylint: disable=g-import-not-at-top
   except ImportError as e:

@@ -254,7 +254,7 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
   if batches.global_batch_size % mesh.size:
     raise ValueError(f'the linear evaluation batch {batches.global_batch_size}'
                      f' is not divisible by the {mesh.size} devices; set '
-                     'config.eval.linear_eval_batch_size to a multiple.')
+                     'config.evals.<name>.batch_size to a multiple.')
   steps_per_epoch = batches.steps_per_epoch
   tx = optimizer(cfg, steps_per_epoch)
   feature_dim = jax.eval_shape(

@@ -147,7 +147,7 @@ def test_lbfgs_in_chunks_follows_one_plain_loop_and_reports_progress():
 
 
 def test_sharded_features_compile_the_chunks_once():
-  """On the evaluation's mesh (features sharded by rows, as evaluate.py
+  """On the evaluation's mesh (features sharded by rows, as the evaluators
   holds them) the chunks share one compilation too: the first chunk's carry
   is placed as the chunks return it (replicated on the mesh); an unplaced
   one compiled the loop twice per feature width."""
