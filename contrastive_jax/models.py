@@ -191,7 +191,7 @@ class ContrastiveModel(nn.Module):
   An encoder may return a spatial map [B, h, w, C]: `features` is then the
   flattened map [B, h * w * C]. On 28x28 clothing the spatial layout of the
   last map is what separates shirt from coat, and the flattened map beats the
-  pooled one for every encoder state measured (see configs/default.py).
+  pooled one for every encoder state measured (docs/configs.md).
 
   `head_input` is what the head reads from such a map: 'pooled', its global
   average [B, C] (a SimCLR-style input: the loss never sees where a part

@@ -27,6 +27,7 @@ from contrastive_jax import runtime
 from contrastive_jax import optim
 from contrastive_jax import config_lib
 from contrastive_jax import train
+from contrastive_jax import workdir as workdir_lib
 from synthetic_data import make_jpeg_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,8 +156,8 @@ def test_runs_two_steps_on_16_devices_through_main(method, scale, folder,
   assert 0. <= results['trained/knn_weighted_top1@10'] <= 1.
   # What ran is the paper config, changed only where the flags cut sizes.
   with open(os.path.join(workdir, 'config.json')) as f:
-    ran = train._flatten(json.load(f))
-  want = train._flatten(json.loads(_load(method).get_config(
+    ran = workdir_lib._flatten(json.load(f))
+  want = workdir_lib._flatten(json.loads(_load(method).get_config(
       scale).to_json_best_effort()))
   changed = {k for k in set(ran) | set(want) if ran.get(k) != want.get(k)}
   tuples = {k for k in changed if isinstance(want.get(k), (list, tuple))
@@ -168,7 +169,8 @@ _LOWER = r"""
 import importlib, json, sys
 import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
-from contrastive_jax import train
+from contrastive_jax import runtime
+from contrastive_jax import step as step_lib
 mesh = runtime.create_mesh()
 rows = NamedSharding(mesh, P('data'))
 for method, scale in json.loads(sys.argv[1]):

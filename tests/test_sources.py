@@ -484,7 +484,8 @@ def test_a_runs_stored_class_list_keeps_its_ids(tmp_path):
 
 _PROCESS_SCRIPT = '''
 import json, sys
-from contrastive_jax import runtime, train
+from contrastive_jax import runtime
+from contrastive_jax import data as data_lib
 runtime.initialize_distributed()
 from configs import test as test_config
 config = test_config.get_config()

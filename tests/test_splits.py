@@ -141,7 +141,7 @@ def test_defaults_change_nothing():
 
 def test_load_data_wires_the_options(monkeypatch):
   data, test = _dataset([60] * 3), _dataset([10] * 3, seed=1)
-  monkeypatch.setattr(train.sources, 'open_split',
+  monkeypatch.setattr(data_lib.sources, 'open_split',
                       lambda ds, split, classes: {'train': data,
                                                   'test': test}[split])
   config = default_config.get_config()
