@@ -120,7 +120,9 @@ def test_train_then_checkpoint_notebooks(tmp_path):
       'step', 'knn_accuracy', 'K', 'evaluation', 'neighbour_agreement',
       'bank_x.shape', 'query_x.shape'], env=env)
   assert w['step'] == 128 and w['K'] == 20
-  assert w['bank_x.shape'] == [2048, 16] and w['query_x.shape'] == [1024, 16]
+  # The flattened 14 x 14 x 16 map of the (8, 16)-channel CNN.
+  assert w['bank_x.shape'] == [2048, 3136]
+  assert w['query_x.shape'] == [1024, 3136]
   assert w['knn_accuracy'] == pytest.approx(
       r['trained/knn_weighted_top1@20'], abs=1.5 / 1024)
   for key in ('trained/knn_weighted_top1@20', 'trained/linear_top1'):
