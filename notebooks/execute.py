@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
 
 import jupytext
@@ -84,6 +85,18 @@ def recorded_hash(nb: nbformat.NotebookNode) -> str | None:
   return nb.metadata.get('contrastive_jax', {}).get('code_sha256')
 
 
+def untracked_code() -> list[str]:
+  """Files `code_hash` covers that git does not track (a fresh clone, as CI
+  checks out, lacks them, so its hash differs); [] without git."""
+  try:
+    out = subprocess.run(
+        ['git', 'ls-files', '--others', '--exclude-standard', '--',
+         *CODE_DIRS], cwd=ROOT, capture_output=True, text=True, check=True)
+  except (OSError, subprocess.CalledProcessError):
+    return []
+  return [f for f in out.stdout.split() if f.endswith('.py')]
+
+
 def execute(name: str, *, extra_cells: tuple[str, ...] = (),
             env: dict[str, str] | None = None,
             timeout: int = 900) -> nbformat.NotebookNode:
@@ -138,6 +151,10 @@ def main(names) -> None:
     raise SystemExit(f'unknown notebook(s) {unknown}; known: {NOTEBOOKS}')
   # In dependency order: a notebook runs after those whose outputs it reads.
   names.sort(key=NOTEBOOKS.index)
+  if untracked := untracked_code():
+    print(f'warning: {", ".join(untracked)} not tracked by git: the recorded '
+          'hashes cover them, so commit them with the notebooks, or remove '
+          'them and run this again.', flush=True)
   if '02_train' in names and 'NOTEBOOK_WORKDIR' not in os.environ:
     print(f'removing {os.path.relpath(WORKDIR)} (02_train trains from step 0)',
           flush=True)
