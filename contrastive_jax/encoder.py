@@ -73,11 +73,13 @@ def load_encoder(workdir: str, *, step: int | None = None,
   Args:
     workdir: a training run's --workdir (config.json, checkpoints/).
     step: a checkpoint step instead of the newest.
-    image_shape: (H, W, C) of the run's images; by default taken from the
-      run's dataset, which is opened for it (seconds for an in-memory one).
+    image_shape: (H, W, C) of the run's images; by default the run's
+      `data.json`, else (a run that did not write one) its dataset's, which
+      is opened for it.
   """
   config = config_lib.load(workdir)
   classes = workdir_lib.load_classes(workdir)
+  image_shape = image_shape or workdir_lib.load_image_shape(workdir)
   if image_shape is None:
     train, _ = data_lib.load(config, classes)
     image_shape = train.image_shape

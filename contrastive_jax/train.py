@@ -143,6 +143,7 @@ def _prepare(config, workdir: str, data):
   stored_classes = workdir_lib.load_classes(workdir)
   train_data, test_data = data or data_lib.load(config, stored_classes)
   workdir_lib.store_classes(workdir, stored_classes, train_data.classes)
+  workdir_lib.store_image_shape(workdir, train_data.image_shape)
   evaluators.validate(config, num_devices=jax.device_count(),
                       num_train=len(train_data))
   logging.info('Data: %d training and %d evaluation examples of shape %s; '

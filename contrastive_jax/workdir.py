@@ -1,8 +1,9 @@
 """The run directory: the config and class list a run is bound to.
 
 A workdir holds one run: `config.json` (the config it started with, with the
-defaults) and, for an image folder, `classes.json` (its class list, so that
-resuming or evaluating labels the images as training did). Resuming with
+defaults), `data.json` (the images' shape, so that a checkpoint restores
+without opening the data) and, for an image folder, `classes.json` (its class
+list, so that resuming or evaluating labels the images as training did). Resuming with
 another config or other classes is refused before anything is written.
 """
 
@@ -76,3 +77,16 @@ def store_classes(workdir: str, stored, classes) -> None:
     raise ValueError(
         f'workdir {workdir!r} holds a run with the classes {list(stored)} '
         f'(classes.json); the data has {list(classes)}. Use a new --workdir.')
+
+
+def store_image_shape(workdir: str, image_shape) -> None:
+  """Writes `data.json` with the training images' (H, W, C)."""
+  if jax.process_index() == 0:
+    reporting.write_json(os.path.join(workdir, 'data.json'),
+                         {'image_shape': [int(d) for d in image_shape]})
+
+
+def load_image_shape(workdir: str) -> tuple[int, int, int] | None:
+  """The (H, W, C) a run stored in `data.json`, if any."""
+  data = reporting.read_json(os.path.join(workdir, 'data.json'))
+  return tuple(data['image_shape']) if data else None

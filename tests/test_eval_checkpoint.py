@@ -108,7 +108,7 @@ def test_load_encoder_embeds_as_the_run_evaluated(evaluated):
   # The public API's features, scored by a brute-force numpy weighted kNN
   # (cosine, k=5, T=0.1), give the run's own kNN accuracy.
   workdir, _, _ = evaluated
-  encoder = contrastive_jax.load_encoder(workdir, image_shape=(12, 12, 1))
+  encoder = contrastive_jax.load_encoder(workdir)    # shape from data.json
   assert encoder.step == 8 and encoder.classes is None
   train, test = DATA
   bank = encoder(train.images).astype(np.float64)
