@@ -532,3 +532,150 @@ def test_watchdog_kills_a_silent_run_and_spares_a_progressing_one(tmp_path):
   busy = subprocess.Popen([sys.executable, '-c', code])
   assert reproduce._wait_watching(busy, str(busy_dir), 2.5,
                                   log=lambda s: None) == 0
+
+
+# ------------------------------------------------ study v2: frozen code ---
+
+from benchmarks.study_v2 import study as study_v2  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _git(repo, *args):
+  return subprocess.run(['git', *args], cwd=repo, check=True,
+                        capture_output=True, text=True).stdout.strip()
+
+
+# A stand-in for main.py: writes a checkpoint directory at step 100 and
+# fails on its first start (an interruption), then finishes from it.
+_FAKE_MAIN = '''
+import json, os, sys
+workdir = [a.split('=', 1)[1] for a in sys.argv if a.startswith('--workdir=')][0]
+ckpt = os.path.join(workdir, 'checkpoints')
+if not os.path.isdir(ckpt):
+  os.makedirs(os.path.join(ckpt, '100'))
+  sys.exit(3)
+os.makedirs(os.path.join(ckpt, '200'))
+json.dump({'steps': 200, 'train_seconds': 1.5, 'resumed_from_step': 100,
+           'trained/knn_weighted_top1@200': 0.75,
+           'trained/linear_top1': 0.8}, open(os.path.join(workdir, 'results.json'), 'w'))
+'''
+
+
+@pytest.fixture
+def study_repo(tmp_path):
+  repo = tmp_path / 'repo'
+  repo.mkdir()
+  (repo / 'fake_main.py').write_text(_FAKE_MAIN)
+  _git(repo, 'init', '-q')
+  _git(repo, '-c', 'user.name=t', '-c', 'user.email=t@t', 'add', '.')
+  _git(repo, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-qm',
+       'frozen')
+  return repo
+
+
+def _study_run():
+  return study_v2.pilot_runs()[1]
+
+
+def _execute(repo, tmp_path, **kw):
+  return study_v2.execute(_study_run(), str(tmp_path / 'results'),
+                          str(tmp_path / 'work'), root=str(repo),
+                          main=('fake_main.py',), log=lambda s: None, **kw)
+
+
+def test_study_records_every_invocation(study_repo, tmp_path):
+  commit = _git(study_repo, 'rev-parse', 'HEAD')
+  first = _execute(study_repo, tmp_path, required_commit=commit)
+  assert first['status'] == 'failed' and first['study_commit'] == commit
+  second = _execute(study_repo, tmp_path, required_commit=commit)
+  assert second['status'] == 'done'
+  with open(study_v2.record_path(str(tmp_path / 'results'),
+                                 _study_run())) as f:
+    rec = json.load(f)
+  inv = rec['invocations']
+  assert [i['outcome'] for i in inv] == ['failed', 'finished']
+  assert [i['exit_code'] for i in inv] == [3, 0]
+  assert [i['resumed_from_step'] for i in inv] == [None, 100]
+  assert [i['reached_step'] for i in inv] == [100, 200]
+  assert all(i['commit'] == commit and i['dirty'] is False for i in inv)
+  assert all(i['wall_seconds'] >= 0 for i in inv)
+  assert rec['validation']['trained'] == {'knn': 0.75, 'linear': 0.8}
+  assert rec['args'] == _study_run().args()
+  # Done: a third call starts nothing and leaves the record alone.
+  assert _execute(study_repo, tmp_path)['invocations'] == inv
+
+
+def test_study_refuses_to_resume_on_another_commit(study_repo, tmp_path):
+  first = _execute(study_repo, tmp_path)
+  assert first['status'] == 'failed'
+  (study_repo / 'other.py').write_text('x = 1\n')
+  _git(study_repo, 'add', 'other.py')
+  _git(study_repo, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit',
+       '-qm', 'later')
+  with pytest.raises(study_v2.StudyError, match='refusing to resume'):
+    _execute(study_repo, tmp_path)
+  # Nothing ran: the record still has the one invocation.
+  with open(study_v2.record_path(str(tmp_path / 'results'),
+                                 _study_run())) as f:
+    assert len(json.load(f)['invocations']) == 1
+
+
+def test_study_refuses_a_dirty_tree_and_a_commit_not_the_tags(study_repo,
+                                                               tmp_path):
+  (study_repo / 'fake_main.py').write_text(_FAKE_MAIN + '\n# edited\n')
+  with pytest.raises(study_v2.StudyError, match='uncommitted changes.*'
+                     'fake_main.py'):
+    _execute(study_repo, tmp_path)
+  assert not os.path.exists(study_v2.record_path(str(tmp_path / 'results'),
+                                                 _study_run()))
+  _git(study_repo, 'checkout', '--', 'fake_main.py')
+  with pytest.raises(study_v2.StudyError, match='frozen at'):
+    _execute(study_repo, tmp_path, required_commit='0' * 40)
+  # The tag's commit, found by git.
+  _git(study_repo, 'tag', study_v2.STUDY_TAG)
+  assert study_v2.tag_commit(str(study_repo)) == _git(study_repo, 'rev-parse',
+                                                      'HEAD')
+
+
+def test_study_v2_plan():
+  pilot = study_v2.pilot_runs()
+  assert [r.run_id for r in pilot] == ['pilot__baselines__s0',
+                                       'pilot__ntxent__s0']
+  o = dict(pilot[1].overrides)
+  # The online kNN scores the whole validation split against the whole
+  # training set every epoch, with the end-of-run kNN's k.
+  assert o['online.knn_every_steps'] == 195 == 50_000 // 256
+  assert (o['online.knn_k'], o['online.knn_bank_size'],
+          o['online.knn_num_queries']) == (200, 50_000, 10_000)
+  assert o['eval.split'] == 'validation'
+  assert int(o['num_epochs'] * 195) == 16 * 195
+  tune = study_v2.tune_runs(2)
+  assert len(tune) == sum(len(a[3]) for a in study_v2.ARMS.values()) == 21
+  assert all(dict(r.overrides)['eval.split'] == 'validation' for r in tune)
+  chosen = {arm: grid[0] for arm, (_, _, _, grid) in study_v2.ARMS.items()}
+  final = study_v2.final_runs(4, chosen)
+  for arm in list(study_v2.ARMS) + ['baselines']:
+    assert sorted(r.seed for r in final if r.arm == arm) == [0, 1, 2, 3]
+  for r in final + tune + study_v2.imbalance_runs(4, chosen):
+    o = dict(r.overrides)
+    assert o['model.encoder_kwargs.pool'] == 'avg'
+    if r.arm != 'baselines':
+      steps = int(o['num_epochs'] * (reproduce.train_examples(
+          o.get('dataset.imbalance', 'none')) // 256))
+      assert steps == (390 if r.stage == 'tune' else 780), r.run_id
+  # Equal query views: MoCo v2 embeds both views as queries, as CACR-MoCo.
+  import importlib  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  for r in final[:len(study_v2.ARMS) + 1] + study_v2.imbalance_runs(
+      4, chosen)[:4] + pilot:
+    config = importlib.import_module(f'configs.{r.config}').get_config()
+    for key, value in r.overrides:
+      node = config
+      *path, leaf = key.split('.')
+      for p in path:
+        node = node[p]
+      node[leaf] = value
+    train.validate_config(config, num_devices=8)
+    if r.arm in ('moco_v2', 'cacr_moco'):
+      assert tuple(config.moco.query_views) == (0, 1), r.run_id
+    if r.arm != 'baselines':
+      assert config.augment.num_views == 2, r.run_id
