@@ -415,7 +415,7 @@ def test_report_lists_the_recipe_candidates_on_validation(tmp_path):
   assert 'recipe' not in table and '84.12' not in table
 
 
-# ------------------------------------------------------- config paragraphs ---
+# ---------------------------------------------------------------- helpers ---
 
 def _record(run, knn, linear, steps):
   return {'args': run.args(), 'run_id': run.run_id, 'variant': run.variant,
@@ -423,94 +423,6 @@ def _record(run, knn, linear, steps):
           'eval_split': 'test', 'steps': steps,
           'overrides': dict(run.overrides),
           'test': {'trained': {'knn': knn, 'linear': linear}}}
-
-
-_PLACEHOLDER = (
-    'Expected: not measured yet. The study (python -m benchmarks.reproduce; '
-    'results\nin benchmarks/REPORT.md) trains this config for 2 epochs with 3 '
-    'seeds; its mean\n+- std replaces this line when it has finished.')
-
-
-def test_update_configs_writes_the_studys_figures(tmp_path):
-  runs = reproduce.plan()
-  by_id = {r.run_id: r for r in runs}
-  knn, lin = [0.8127, 0.8133], [0.8752, 0.8766]
-  records = [
-      _record(by_id['regular__simclr__s0'], knn[0], lin[0], 390),
-      _record(by_id['regular__simclr__s1'], knn[1], lin[1], 390),
-      _record(by_id['linear__simclr__s0'], 0.7431, 0.8401, 390),
-      _record(by_id['batch64__macl__s0'], 0.8201, 0.8770, 1560),
-      # Runs naming configs/default.py train configs/base.py (the pins):
-      # their figures go to base.py; default.py's own paragraph is kept.
-      _record(by_id['regular__ntxent_t0.1__s0'], 0.82, 0.87, 390),
-      _record(by_id['regular__tcl_sup__s0'], 0.84, 0.88, 390)]
-  # The configs as they were before the study wrote into them (the
-  # repository's may hold its figures already): the placeholder paragraph,
-  # tcl_sup's with a remark after it; default.py's own paragraph as it is.
-  remark = {'tcl_sup': ' The thesis reports 95.7% (TCL) vs 95.5% (SupCon).'}
-  originals = {}
-  for name in ('simclr', 'macl', 'default', 'base', 'insdis', 'tcl_sup'):
-    with open(os.path.join(ROOT, 'configs', f'{name}.py')) as f:
-      text = f.read()
-    if name != 'default':
-      start = text.index('\nExpected') + 1
-      text = (text[:start] + _PLACEHOLDER + remark.get(name, '')
-              + text[text.index('\n\n', start):])
-    originals[name] = text
-    (tmp_path / f'{name}.py').write_text(text)
-
-  changed = reproduce.update_configs(records, runs, str(tmp_path))
-  assert sorted(os.path.basename(p) for p in changed) == [
-      'base.py', 'macl.py', 'simclr.py', 'tcl_sup.py']
-  base = (tmp_path / 'base.py').read_text()
-  assert re.search(r'^  regular data +kNN 82.00 +linear 87.00 +n=1, 390x256$',
-                   base, re.M)
-  assert '    python main.py --config=configs/base.py \\\n' in base
-  # The placeholder's remark (the thesis's figures) survives, as its own
-  # paragraph after the study's.
-  tcl = (tmp_path / 'tcl_sup.py').read_text()
-  assert 'Written by `python -m benchmarks.reproduce --update_configs`.\n\n' \
-      'The thesis reports 95.7% (TCL) vs 95.5% (SupCon).\n' in tcl
-  assert 'not measured yet' not in tcl
-  for name in ('default', 'insdis'):     # no run of insdis has finished
-    assert (tmp_path / f'{name}.py').read_text() == originals[name]
-
-  text = (tmp_path / 'simclr.py').read_text()
-  row = re.search(r'^  regular data +(.*)$', text, re.M).group(1).split()
-  pct = lambda xs: [100 * x for x in xs]
-  assert row[:8] == [
-      'kNN', f'{np.mean(pct(knn)):.2f}', '+-',
-      f'{np.std(pct(knn), ddof=1):.2f}', 'linear',
-      f'{np.mean(pct(lin)):.2f}', '+-', f'{np.std(pct(lin), ddof=1):.2f}']
-  assert row[8:] == ['n=2,', '390x256']
-  assert re.search(r'^  linear-imbalanced +kNN 74.31 +linear 84.01 +n=1,',
-                   text, re.M)
-  assert re.search(r'^  batch 64 +kNN 82.01 .* n=1, 1560x64$',
-                   (tmp_path / 'macl.py').read_text(), re.M)
-  # Only the paragraph changed: the text around it is the original's.
-  head, tail = originals['simclr'].split('Expected: not measured yet', 1)
-  assert text.startswith(head)
-  assert text.endswith(tail[tail.index('\n\n'):])
-  # The command in it is seed 0's, as the study ran it.
-  def command(text, run_id):
-    tail = text.split(f'--workdir=workdir/{run_id}', 1)[1]
-    return tail.split('Written by')[0].replace('\\', ' ').split()
-  assert command(text, 'regular__simclr__s0') == (
-      by_id['regular__simclr__s0'].command_args()[1:])
-  # base.py's command, run, builds the config the study's run built (from
-  # configs/default.py and the pins).
-  configs = os.path.join(ROOT, 'configs')
-  ran = by_id['regular__ntxent_t0.1__s0'].command_args()
-  assert ran[0] == '--config=configs/default.py'
-  assert _parse_flags(
-      [f'--config={configs}/base.py']
-      + command(base, 'regular__ntxent_t0.1__s0')).to_dict() == _parse_flags(
-          [f'--config={configs}/default.py'] + ran[1:]).to_dict()
-  # The rewritten file is still the config, and a rerun changes nothing.
-  namespace = {}
-  exec(compile(text, 'simclr.py', 'exec'), namespace)  # pylint: disable=exec-used
-  assert namespace['get_config']().loss == 'ntxent'
-  assert reproduce.update_configs(records, runs, str(tmp_path)) == []
 
 
 # -------------------------------------------------------------- watchdog ---
@@ -597,7 +509,7 @@ def test_study_records_every_invocation(study_repo, tmp_path):
   assert [i['resumed_from_step'] for i in inv] == [None, 100]
   assert [i['reached_step'] for i in inv] == [100, 200]
   assert all(i['commit'] == commit and i['dirty'] is False for i in inv)
-  assert all(i['wall_seconds'] >= 0 for i in inv)
+  assert all(i['wall_seconds'] >= 0 and i['cpu_seconds'] >= 0 for i in inv)
   assert rec['validation']['trained'] == {'knn': 0.75, 'linear': 0.8}
   assert rec['args'] == _study_run().args()
   # Done: a third call starts nothing and leaves the record alone.

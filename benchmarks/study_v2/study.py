@@ -33,7 +33,8 @@ A run is one main.py subprocess (8 virtual CPU devices), its workdir
 interrupted run resumes), and its record `<results_dir>/<run id>.json`. The
 record exists from the run's first start and lists every invocation, written
 by this driver: the commit and whether the tree was dirty, the checkpoint
-step it resumed from, its wall time and how it ended. A run refuses to
+step it resumed from and the one it reached, its wall and CPU time and how
+it ended. A run refuses to
 start, or to resume, on a dirty tree or at another commit than the one it
 started at; with `--require_tag` (the default outside --quick) every run
 must come from the commit of `STUDY_TAG`.
@@ -408,7 +409,7 @@ def execute(run: Run, results_dir: str, work_root: str, *, root: str = ROOT,
   env = dict(os.environ, XLA_FLAGS=reproduce.XLA_FLAGS,
              TF_CPP_MIN_LOG_LEVEL='2')
   log(f'[{time.strftime("%H:%M:%S")}] {run.run_id}: {" ".join(cmd[1:])}')
-  t0, rc = time.time(), None
+  t0, rc, cpu0 = time.time(), None, os.times()
 
   def on_poll():
     curve = online_curve(workdir)
@@ -438,6 +439,12 @@ def execute(run: Run, results_dir: str, work_root: str, *, root: str = ROOT,
   finally:
     invocation['wall_seconds'] = round(time.time() - t0, 1)
     invocation['exit_code'] = rc
+    cpu1 = os.times()
+    # The children's CPU time (main.py and the balanced evaluation: this
+    # driver waits for one child at a time), the study's budget unit.
+    invocation['cpu_seconds'] = round(
+        cpu1.children_user + cpu1.children_system
+        - cpu0.children_user - cpu0.children_system, 1)
     invocation['reached_step'] = latest_checkpoint(workdir)
     if curve := online_curve(workdir):
       record['curve'] = curve
