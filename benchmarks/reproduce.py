@@ -1059,7 +1059,7 @@ def write_report(records: list[dict], runs: Sequence[Run], report: str,
   with open(report + '.tmp', 'w') as f:
     f.write('\n'.join(lines))
   os.replace(report + '.tmp', report)
-  _plot(c, runs, plot)
+  _plot(records, runs, plot)
 
 
 def _recipe_lines(records: list[dict], runs: Sequence[Run]) -> list[str]:
@@ -1110,31 +1110,84 @@ def _steps_text(runs: Sequence[Run]) -> str:
           f'steps; the batch-{SMALL_BATCH} runs the same number of images')
 
 
-def _plot(c: dict, runs: Sequence[Run], path: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+PANELS = (('regular', ('regular', 'batch64')),
+          ('imbalanced', ('linear', 'exponential')))
+
+
+def plot_rows(records: list[dict], runs: Sequence[Run]
+              ) -> dict[str, list[tuple[str, str, dict]]]:
+  """The figure's rows per panel: (variant, method, {metric: (trained mean,
+  trained std, random-init mean over the same seeds, n)})."""
+  data = by_seed(records)
+  out = {name: [] for name, _ in PANELS}
   keys = []
   for run in runs:
     key = (run.variant, run.method)
     if run.variant not in ('baselines', 'recipe') and key not in keys:
       keys.append(key)
-  fig, axes = plt.subplots(1, 2, figsize=(12, 0.32 * len(keys) + 1.5),
-                           sharey=True)
-  for ax, metric in zip(axes, ('knn', 'linear')):
-    means = [c.get(k + (metric,), Cell([])).mean for k in keys]
-    stds = [c.get(k + (metric,), Cell([])).std for k in keys]
-    y = range(len(keys))
-    ax.barh(y, [0 if math.isnan(m) else m for m in means],
-            xerr=[0 if math.isnan(s) else s for s in stds], capsize=2,
-            color=['C0' if k[0] == 'regular' else 'C1' for k in keys])
-    ax.set_yticks(list(y), [f'{m} ({v})' for v, m in keys], fontsize=7)
-    finite = [m for m in means if not math.isnan(m)]
-    lo = min(finite) - 3 if finite else 0
-    ax.set_xlim(max(lo, 0), 100 if not finite else min(100, max(finite) + 3))
-    ax.set(xlabel=f'{metric} accuracy, test (%)',
-           title=f'{metric}: mean ± std over seeds')
-    ax.invert_yaxis()
+  for name, variants in PANELS:
+    for variant, method in keys:
+      if variant not in variants:
+        continue
+      row = {}
+      for metric in METRICS:
+        trained = data.get((variant, method, metric), {})
+        rand = data.get(('baselines', 'random_init', metric), {})
+        seeds = sorted(trained)
+        cell = Cell([trained[s] for s in seeds])
+        both = [s for s in seeds if s in rand]
+        row[metric] = (cell.mean, cell.std,
+                       (sum(rand[s] for s in both) / len(both) if both
+                        else math.nan), cell.n)
+      out[name].append((variant, method, row))
+  return out
+
+
+def _plot(records: list[dict], runs: Sequence[Run], path: str) -> None:
+  """report.png: per metric (columns) and panel (rows: balanced data, then
+  the imbalanced variants), each method's mean +- std over seeds and, on
+  the same row, the random-init encoder of the same seeds; each panel's
+  axis spans its own values, so the regular methods' differences show."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  rows = plot_rows(records, runs)
+  panels = [name for name, _ in PANELS if rows[name]]
+  if not panels:
+    return
+  heights = [max(2, len(rows[name])) for name in panels]
+  fig, axes = plt.subplots(
+      len(panels), 2, figsize=(12, 0.3 * sum(heights) + 1.2 * len(panels)),
+      gridspec_kw={'height_ratios': heights}, squeeze=False)
+  for r, name in enumerate(panels):
+    for col, metric in enumerate(METRICS):
+      ax = axes[r][col]
+      entries = rows[name]
+      y = list(range(len(entries)))
+      mean = [e[2][metric][0] for e in entries]
+      std = [0 if math.isnan(e[2][metric][1]) else e[2][metric][1]
+             for e in entries]
+      rand = [e[2][metric][2] for e in entries]
+      ax.errorbar(mean, y, xerr=std, fmt='o', color='C0', capsize=2,
+                  label='trained: mean ± std over seeds')
+      ax.scatter(rand, y, marker='|', s=220, color='C3', zorder=3,
+                 label='random-init encoder, same seeds')
+      ax.set_yticks(y, [f'{m} ({v})' for v, m, _ in entries], fontsize=7)
+      finite = [x for x in mean + rand if not math.isnan(x)]
+      if finite:
+        pad = max(0.5, 0.08 * (max(finite) - min(finite)))
+        ax.set_xlim(min(finite) - pad - max(std), max(finite) + pad
+                    + max(std))
+      what = ('balanced training data' if name == 'regular' else
+              'imbalanced training data and kNN bank / probe set\n'
+              '(random init: balanced bank)')
+      ax.set(xlabel=f'{metric} accuracy, test split (%)',
+             title=f'{metric}: {what}')
+      ax.title.set_fontsize(9)
+      ax.grid(axis='x', alpha=0.3)
+      ax.invert_yaxis()
+      if r == 0 and col == 0:
+        ax.legend(fontsize=7, loc='lower left')
   fig.tight_layout()
   fig.savefig(path, dpi=90)
   plt.close(fig)

@@ -591,3 +591,20 @@ def test_study_v2_plan():
       assert tuple(config.moco.query_views) == (0, 1), r.run_id
     if r.arm != 'baselines':
       assert config.augment.num_views == 2, r.run_id
+
+
+def test_report_figure_rows_pair_each_method_with_its_seeds_random_init():
+  res = _committed_results()
+  records = reproduce.load_results(reproduce.RESULTS_DIR, reproduce.plan())
+  rows = reproduce.plot_rows(records, reproduce.plan())
+  assert {v for v, _, _ in rows['regular']} == {'regular', 'batch64'}
+  assert {v for v, _, _ in rows['imbalanced']} == {'linear', 'exponential'}
+  row = {(v, m): r for v, m, r in rows['regular']}
+  rand = np.mean([100 * res[f'baselines__baselines__s{s}']['test'][
+      'random_init']['knn'] for s in (0, 1, 2)])
+  knn = [100 * res[f'regular__cmc_k4__s{s}']['test']['trained']['knn']
+         for s in (0, 1, 2)]
+  mean, std, random_init, n = row[('regular', 'cmc_k4')]['knn']
+  assert (mean, std, n) == pytest.approx((np.mean(knn), np.std(knn, ddof=1),
+                                          3))
+  assert random_init == pytest.approx(rand)
