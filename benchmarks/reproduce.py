@@ -9,7 +9,7 @@ Long: start it in the background from the repository root and let it run;
 interrupt it at any time and start it again (it continues where it stopped):
 
     nohup nice -n 19 .venv/bin/python -m benchmarks.reproduce \
-        > /tmp/study.log 2>&1 &
+        > workdir/study.log 2>&1 &
 
 What a run is. One (method x seed x dataset variant), trained and evaluated
 by the real entry point, `main.py`, in a subprocess (at the study's own
