@@ -608,3 +608,83 @@ def test_report_figure_rows_pair_each_method_with_its_seeds_random_init():
   assert (mean, std, n) == pytest.approx((np.mean(knn), np.std(knn, ddof=1),
                                           3))
   assert random_init == pytest.approx(rand)
+
+
+def _v2_records(seed_values):
+  """Final and imbalance records: seed_values[(arm, rule)] = [acc per seed]
+  (fractions), baselines' random init under ('baselines', '')."""
+  recs = []
+  for (arm, rule), values in seed_values.items():
+    for seed, v in enumerate(values):
+      scores = {'knn': v, 'linear': v + 0.05}
+      if rule:
+        recs.append({'stage': 'imbalance', 'arm': arm, 'tag': rule,
+                     'seed': seed, 'status': 'done',
+                     'test': {'trained': {'knn': 0.1, 'linear': 0.1}},
+                     'test_balanced': {'trained': scores}})
+      elif arm == 'baselines':
+        recs.append({'stage': 'final', 'arm': arm, 'tag': '', 'seed': seed,
+                     'status': 'done', 'test': {'random_init': scores}})
+      else:
+        recs.append({'stage': 'final', 'arm': arm, 'tag': '', 'seed': seed,
+                     'status': 'done', 'test': {'trained': scores}})
+  return recs
+
+
+def test_study_v2_analysis_matches_scipy():
+  from scipy import stats
+  from benchmarks.study_v2 import analysis
+  rng = np.random.default_rng(0)
+  vals = {(a, ''): list(0.85 + 0.01 * rng.standard_normal(4))
+          for a in study_v2.ARMS}
+  vals[('macl', '')] = list(np.array(vals[('ntxent', '')]) + 0.02
+                           + 0.001 * rng.standard_normal(4))
+  vals[('baselines', '')] = list(0.80 + 0.002 * rng.standard_normal(4))
+  for rule in ('linear', 'exponential'):
+    for a in ('ntxent', 'cacr_k1'):
+      vals[(a, rule)] = list(0.7 + 0.01 * rng.standard_normal(4))
+  rows = {(r.cid, r.metric): r for r in analysis.claim_rows(
+      _v2_records(vals))}
+  assert len(rows) == 14
+  pct = lambda k: 100 * np.array(vals[k])
+  mine = {}
+  for cid, a, b in [('C1', 'macl', 'ntxent'), ('C2', 'macl', 'dcl'),
+                    ('C3', 'cacr_k1', 'ntxent'), ('C4', 'cacr_moco',
+                                                  'moco_v2'),
+                    ('C5', 'cmc', 'ntxent')]:
+    mine[cid] = pct((a, '')) - pct((b, ''))
+  for cid, rule in (('C6', 'linear'), ('C7', 'exponential')):
+    mine[cid] = ((pct(('ntxent', '')) - pct(('ntxent', rule)))
+                 - (pct(('cacr_k1', '')) - pct(('cacr_k1', rule))))
+  keys = [(c, m) for c in mine for m in ('knn', 'linear')]
+  p = np.array([stats.ttest_1samp(mine[c], 0).pvalue for c, _ in keys])
+  # TOST as two one-sided scipy tests against the margins.
+  tost = np.array([max(stats.ttest_1samp(mine[c], -1., alternative='greater'
+                                         ).pvalue,
+                       stats.ttest_1samp(mine[c], 1., alternative='less'
+                                         ).pvalue) for c, _ in keys])
+  def holm(p):
+    order = np.argsort(p)
+    adj = np.minimum(1, np.maximum.accumulate(p[order] * (len(p) -
+                                                          np.arange(len(p)))))
+    out = np.empty_like(adj)
+    out[order] = adj
+    return out
+  for (c, m), pi, hi, ti, thi in zip(keys, p, holm(p), tost, holm(tost)):
+    r = rows[(c, m)]
+    # linear = knn + 5 points in every record: the contrasts are equal.
+    assert r.stats.mean == pytest.approx(np.mean(mine[c])), (c, m)
+    assert r.stats.p == pytest.approx(pi, rel=1e-9)
+    assert r.p_holm == pytest.approx(hi, rel=1e-9)
+    assert r.p_tost == pytest.approx(ti, rel=1e-9)
+    assert r.p_tost_holm == pytest.approx(thi, rel=1e-9)
+  assert rows[('C1', 'knn')].verdict == 'supported'   # +2 points, sd 0.1
+  g = {(a, m): x for a, m, x in analysis.gains(_v2_records(vals))}
+  assert g[('cmc', 'knn')].diffs == pytest.approx(
+      tuple(pct(('cmc', '')) - pct(('baselines', ''))))
+  # A claim without runs has no verdict and is outside Holm's family.
+  del vals[('cmc', '')]
+  rows = {(r.cid, r.metric): r for r in analysis.claim_rows(
+      _v2_records(vals))}
+  assert rows[('C5', 'knn')].verdict.startswith('not run yet')
+  assert math.isnan(rows[('C5', 'knn')].p_holm)
