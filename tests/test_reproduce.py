@@ -540,6 +540,15 @@ def test_study_refuses_a_dirty_tree_and_a_commit_not_the_tags(study_repo,
   assert not os.path.exists(study_v2.record_path(str(tmp_path / 'results'),
                                                  _study_run()))
   _git(study_repo, 'checkout', '--', 'fake_main.py')
+  # Started clean, interrupted, then the tree is edited: no resume either.
+  assert _execute(study_repo, tmp_path)['status'] == 'failed'
+  (study_repo / 'fake_main.py').write_text(_FAKE_MAIN + '\n# edited\n')
+  with pytest.raises(study_v2.StudyError, match='uncommitted changes'):
+    _execute(study_repo, tmp_path)
+  with open(study_v2.record_path(str(tmp_path / 'results'),
+                                 _study_run())) as f:
+    assert len(json.load(f)['invocations']) == 1
+  _git(study_repo, 'checkout', '--', 'fake_main.py')
   with pytest.raises(study_v2.StudyError, match='frozen at'):
     _execute(study_repo, tmp_path, required_commit='0' * 40)
   # The tag's commit, found by git.
