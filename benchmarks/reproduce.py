@@ -3,14 +3,13 @@ r"""The papers' comparisons at small scale: a resumable study and its report.
     python -m benchmarks.reproduce              # run what is missing, report
     python -m benchmarks.reproduce --report     # only regenerate the report
     python -m benchmarks.reproduce --plan       # list the runs and their state
-    python -m benchmarks.reproduce --update_configs  # configs' Expected lines
     python -m benchmarks.reproduce --quick      # whole pipeline, ~3 min, tmp dir
 
 Long: start it in the background from the repository root and let it run;
 interrupt it at any time and start it again (it continues where it stopped):
 
     nohup nice -n 19 .venv/bin/python -m benchmarks.reproduce \
-        > /tmp/study.log 2>&1 &
+        > workdir/study.log 2>&1 &
 
 What a run is. One (method x seed x dataset variant), trained and evaluated
 by the real entry point, `main.py`, in a subprocess (at the study's own
@@ -24,12 +23,11 @@ accuracy, training seconds, steps, git commit. A run whose JSON exists with
 the same overrides is skipped. After every run, `benchmarks/REPORT.md` and
 `benchmarks/report.png` are regenerated from whatever has finished (each
 claim tested on per-seed differences, paired t-test with Holm's correction:
-`claim_table`; the runs' commits, resumes and dirty trees: `provenance`);
-`--update_configs` writes the same figures into the "Expected" paragraph of
-each config the study runs (`update_configs`), with seed 0's command.
+`claim_table`; the runs' commits, resumes and dirty trees: `provenance`).
+Nothing here writes into source files.
 
 Protocol (the same for every run; hyperparameters are each config's, i.e. the
-papers' as notes/*.md give them):
+papers' values, each config's docstring cites its source):
 * data: Fashion-MNIST's training split minus a fixed stratified validation
   holdout of 10,000 (`config.dataset.validation_size`), i.e. 50,000 images;
   scored on the test split (10,000). No choice is made in this study (no
@@ -89,7 +87,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Sequence
 
@@ -1015,10 +1012,10 @@ def write_report(records: list[dict], runs: Sequence[Run], report: str,
       'compare at equal epochs (see the train seconds); (3) the imbalanced '
       'runs\' kNN bank and linear-probe training set are their own '
       'imbalanced training data (train.py evaluates on the data it trained '
-      'on); CACR scores on the balanced test sets (notes/cacr.md Sec. 3.3), '
+      'on); CACR scores on the balanced test sets (CACR Sec. 3.3), '
       'and which set its probe trains on is not stated; the exponential '
       'rule leaves class 0 with no training image, as in CACR\'s code '
-      '(int(5000 e^(1-10)) = 0 on CIFAR-10; notes/cacr.md Sec. 3.3), which '
+      '(int(5000 e^(1-10)) = 0 on CIFAR-10; CACR Sec. 3.3), which '
       'caps both methods alike; (4) CMC\'s bank negatives are one set shared by '
       'the batch (InsDis\'s are per instance, 1024 of them); (5) the runs '
       'span many commits, some resumed, some finished on a dirty tree, and '
@@ -1062,7 +1059,7 @@ def write_report(records: list[dict], runs: Sequence[Run], report: str,
   with open(report + '.tmp', 'w') as f:
     f.write('\n'.join(lines))
   os.replace(report + '.tmp', report)
-  _plot(c, runs, plot)
+  _plot(records, runs, plot)
 
 
 def _recipe_lines(records: list[dict], runs: Sequence[Run]) -> list[str]:
@@ -1113,145 +1110,87 @@ def _steps_text(runs: Sequence[Run]) -> str:
           f'steps; the batch-{SMALL_BATCH} runs the same number of images')
 
 
-def _plot(c: dict, runs: Sequence[Run], path: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+PANELS = (('regular', ('regular', 'batch64')),
+          ('imbalanced', ('linear', 'exponential')))
+
+
+def plot_rows(records: list[dict], runs: Sequence[Run]
+              ) -> dict[str, list[tuple[str, str, dict]]]:
+  """The figure's rows per panel: (variant, method, {metric: (trained mean,
+  trained std, random-init mean over the same seeds, n)})."""
+  data = by_seed(records)
+  out = {name: [] for name, _ in PANELS}
   keys = []
   for run in runs:
     key = (run.variant, run.method)
     if run.variant not in ('baselines', 'recipe') and key not in keys:
       keys.append(key)
-  fig, axes = plt.subplots(1, 2, figsize=(12, 0.32 * len(keys) + 1.5),
-                           sharey=True)
-  for ax, metric in zip(axes, ('knn', 'linear')):
-    means = [c.get(k + (metric,), Cell([])).mean for k in keys]
-    stds = [c.get(k + (metric,), Cell([])).std for k in keys]
-    y = range(len(keys))
-    ax.barh(y, [0 if math.isnan(m) else m for m in means],
-            xerr=[0 if math.isnan(s) else s for s in stds], capsize=2,
-            color=['C0' if k[0] == 'regular' else 'C1' for k in keys])
-    ax.set_yticks(list(y), [f'{m} ({v})' for v, m in keys], fontsize=7)
-    finite = [m for m in means if not math.isnan(m)]
-    lo = min(finite) - 3 if finite else 0
-    ax.set_xlim(max(lo, 0), 100 if not finite else min(100, max(finite) + 3))
-    ax.set(xlabel=f'{metric} accuracy, test (%)',
-           title=f'{metric}: mean ± std over seeds')
-    ax.invert_yaxis()
+  for name, variants in PANELS:
+    for variant, method in keys:
+      if variant not in variants:
+        continue
+      row = {}
+      for metric in METRICS:
+        trained = data.get((variant, method, metric), {})
+        rand = data.get(('baselines', 'random_init', metric), {})
+        seeds = sorted(trained)
+        cell = Cell([trained[s] for s in seeds])
+        both = [s for s in seeds if s in rand]
+        row[metric] = (cell.mean, cell.std,
+                       (sum(rand[s] for s in both) / len(both) if both
+                        else math.nan), cell.n)
+      out[name].append((variant, method, row))
+  return out
+
+
+def _plot(records: list[dict], runs: Sequence[Run], path: str) -> None:
+  """report.png: per metric (columns) and panel (rows: balanced data, then
+  the imbalanced variants), each method's mean +- std over seeds and, on
+  the same row, the random-init encoder of the same seeds; each panel's
+  axis spans its own values, so the regular methods' differences show."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  rows = plot_rows(records, runs)
+  panels = [name for name, _ in PANELS if rows[name]]
+  if not panels:
+    return
+  heights = [max(2, len(rows[name])) for name in panels]
+  fig, axes = plt.subplots(
+      len(panels), 2, figsize=(12, 0.3 * sum(heights) + 1.2 * len(panels)),
+      gridspec_kw={'height_ratios': heights}, squeeze=False)
+  for r, name in enumerate(panels):
+    for col, metric in enumerate(METRICS):
+      ax = axes[r][col]
+      entries = rows[name]
+      y = list(range(len(entries)))
+      mean = [e[2][metric][0] for e in entries]
+      std = [0 if math.isnan(e[2][metric][1]) else e[2][metric][1]
+             for e in entries]
+      rand = [e[2][metric][2] for e in entries]
+      ax.errorbar(mean, y, xerr=std, fmt='o', color='C0', capsize=2,
+                  label='trained: mean ± std over seeds')
+      ax.scatter(rand, y, marker='|', s=220, color='C3', zorder=3,
+                 label='random-init encoder, same seeds')
+      ax.set_yticks(y, [f'{m} ({v})' for v, m, _ in entries], fontsize=7)
+      finite = [x for x in mean + rand if not math.isnan(x)]
+      if finite:
+        pad = max(0.5, 0.08 * (max(finite) - min(finite)))
+        ax.set_xlim(min(finite) - pad - max(std), max(finite) + pad
+                    + max(std))
+      what = ('balanced training data' if name == 'regular' else
+              'imbalanced training data and kNN bank / probe set\n'
+              '(random init: balanced bank)')
+      ax.set(xlabel=f'{metric} accuracy, test split (%)',
+             title=f'{metric}: {what}')
+      ax.title.set_fontsize(9)
+      ax.grid(axis='x', alpha=0.3)
+      ax.invert_yaxis()
+      if r == 0 and col == 0:
+        ax.legend(fontsize=7, loc='lower left')
   fig.tight_layout()
   fig.savefig(path, dpi=90)
   plt.close(fig)
-
-
-# --------------------------------------------------------------------------
-# The configs' "Expected" paragraphs.
-# --------------------------------------------------------------------------
-
-CONFIGS_DIR = os.path.join(ROOT, 'configs')
-# The study's NT-Xent tau 0.1 rows (and the baselines and recipes) name
-# configs/default.py, their identity predating the validation search; with
-# the pins they train configs/base.py (tests/test_reproduce.py), and their
-# figures go into base.py's docstring, its command naming base.py.
-_DOCUMENTED_IN = {'default': 'base'}
-# A config's paragraph is rewritten only if it is the placeholder or one this
-# function wrote (a measured paragraph of the config's own is kept).
-_REWRITABLE = ('Expected: not measured yet', 'Expected: UNMEASURED',
-               'Expected, from the study')
-# The placeholder's own text ends here; anything after it in its paragraph
-# is the config's and survives the rewrite.
-_PLACEHOLDER_END = 'replaces this line when it has finished.'
-_VARIANT_TEXT = {'regular': 'regular data', 'linear': 'linear-imbalanced',
-                 'exponential': 'exponential-imbalanced',
-                 'batch64': f'batch {SMALL_BATCH}'}
-
-
-def expected_paragraph(config: str, records: list[dict],
-                       runs: Sequence[Run]) -> str | None:
-  """The "Expected" paragraph of configs/<config>.py's runs from the study.
-
-  One line per (variant, method) the study runs this config in, mean +- std
-  over the finished seeds (`Cell`, as in REPORT.md), and the command of the
-  first of its runs. None if none of them has finished.
-  """
-  c = cells(records)
-  keys = []
-  for run in runs:
-    if run.config == config and run.variant in _VARIANT_TEXT and (
-        (run.variant, run.method) not in keys):
-      keys.append((run.variant, run.method))
-  done = [k for k in keys if (*k, 'knn') in c]
-  if not done:
-    return None
-  first = next(r for r in runs if (r.variant, r.method) == done[0])
-  steps = {(r['variant'], r['method']): (r['steps'],
-                                         r['overrides']['batch_size'])
-           for r in records}
-  lines = ['Expected, from the study (`python -m benchmarks.reproduce`; all '
-           'figures in', 'benchmarks/REPORT.md): % on the test split, mean +- '
-           'std over the seeds', f'finished (of {len(SEEDS)}), then n seeds '
-           'and steps x batch size:']
-  pm = lambda cell: (f'{cell.mean:.2f} +- {cell.std:.2f}' if cell.n > 1
-                     else f'{cell.mean:.2f}')
-  several = len({m for _, m in done}) > 1    # Name the rows' methods.
-  for variant, method in done:
-    knn, lin = c[(variant, method, 'knn')], c[(variant, method, 'linear')]
-    label = _VARIANT_TEXT[variant] + (f' ({method})' if several else '')
-    n_steps, batch = steps[(variant, method)]
-    lines.append(f'  {label:<22} kNN {pm(knn):<13} linear {pm(lin):<13} '
-                 f'n={knn.n}, {n_steps}x{batch}')
-  lines.append('Seed 0 of the first line, on the 50,000 training images the '
-               'validation')
-  lines.append('holdout leaves (8 virtual CPU devices):')
-  doc = _DOCUMENTED_IN.get(config, config)
-  cmd = ['  XLA_FLAGS=--xla_force_host_platform_device_count=8 \\',
-         f'    python main.py --config=configs/{doc}.py']
-  # base.py needs no pins: they are its values (`_DOCUMENTED_IN`).
-  for a in [f'--workdir=workdir/{first.run_id}'] + first.args()[1:]:
-    if len(cmd[-1]) + len(a) + 3 > 79:
-      cmd[-1] += ' \\'
-      cmd.append('    ' + a)
-    else:
-      cmd[-1] += ' ' + a
-  lines += cmd
-  lines.append('Written by `python -m benchmarks.reproduce --update_configs`.')
-  return '\n'.join(lines)
-
-
-def update_configs(records: list[dict], runs: Sequence[Run],
-                   configs_dir: str = CONFIGS_DIR) -> list[str]:
-  """Rewrites each study config's "Expected" paragraph; returns the changed.
-
-  The paragraph runs from its line starting with "Expected" to the next
-  blank line; only placeholders and paragraphs this function wrote are
-  replaced (`_REWRITABLE`), and nothing else in the file changes but for
-  a placeholder's own remarks after its standard sentence, which move to a
-  paragraph of their own.
-  """
-  changed = []
-  for config in sorted({r.config for r in runs}):
-    para = expected_paragraph(config, records, runs)
-    path = os.path.join(configs_dir,
-                        f'{_DOCUMENTED_IN.get(config, config)}.py')
-    if para is None or not os.path.exists(path):
-      continue
-    with open(path) as f:
-      text = f.read()
-    start = next((text.find('\n' + m) + 1 for m in _REWRITABLE
-                  if '\n' + m in text), 0)
-    if not start:
-      continue
-    end = text.find('\n\n', start)
-    # What a placeholder says after its own sentence (a paper's figure, a
-    # remark) is kept, as the paragraph after the figures.
-    rest = text[start:end].split(_PLACEHOLDER_END, 1)[1:]
-    rest = ' '.join(rest[0].split()) if rest else ''
-    new = (text[:start] + para
-           + ('\n\n' + textwrap.fill(rest, 79) if rest else '') + text[end:])
-    if new != text:
-      with open(path, 'w') as f:
-        f.write(new)
-      changed.append(path)
-  return changed
 
 
 # --------------------------------------------------------------------------
@@ -1274,9 +1213,6 @@ def main(argv=None) -> int:
                  help='only regenerate the report from finished runs')
   p.add_argument('--plan', action='store_true',
                  help='list the runs and whether each is done')
-  p.add_argument('--update_configs', action='store_true',
-                 help="only rewrite the configs' Expected paragraphs from "
-                 'the finished runs')
   p.add_argument('--max_runs', type=int, default=0,
                  help='stop after this many runs (0: all)')
   p.add_argument('--retries', type=int, default=2,
@@ -1306,10 +1242,6 @@ def main(argv=None) -> int:
                                             WORK_ROOT)
   print(f'results: {results_dir}\nreport: {report}', flush=True)
 
-  if args.update_configs:
-    for path in update_configs(load_results(results_dir, runs), runs):
-      print(f'updated {os.path.relpath(path, ROOT)}')
-    return 0
   if args.plan:
     for run in runs:
       state = 'done' if is_done(results_dir, run) else 'todo'

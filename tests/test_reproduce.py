@@ -417,7 +417,7 @@ def test_report_lists_the_recipe_candidates_on_validation(tmp_path):
   assert 'recipe' not in table and '84.12' not in table
 
 
-# ------------------------------------------------------- config paragraphs ---
+# ---------------------------------------------------------------- helpers ---
 
 def _record(run, knn, linear, steps):
   return {'args': run.args(), 'run_id': run.run_id, 'variant': run.variant,
@@ -425,94 +425,6 @@ def _record(run, knn, linear, steps):
           'eval_split': 'test', 'steps': steps,
           'overrides': dict(run.overrides),
           'test': {'trained': {'knn': knn, 'linear': linear}}}
-
-
-_PLACEHOLDER = (
-    'Expected: not measured yet. The study (python -m benchmarks.reproduce; '
-    'results\nin benchmarks/REPORT.md) trains this config for 2 epochs with 3 '
-    'seeds; its mean\n+- std replaces this line when it has finished.')
-
-
-def test_update_configs_writes_the_studys_figures(tmp_path):
-  runs = reproduce.plan()
-  by_id = {r.run_id: r for r in runs}
-  knn, lin = [0.8127, 0.8133], [0.8752, 0.8766]
-  records = [
-      _record(by_id['regular__simclr__s0'], knn[0], lin[0], 390),
-      _record(by_id['regular__simclr__s1'], knn[1], lin[1], 390),
-      _record(by_id['linear__simclr__s0'], 0.7431, 0.8401, 390),
-      _record(by_id['batch64__macl__s0'], 0.8201, 0.8770, 1560),
-      # Runs naming configs/default.py train configs/base.py (the pins):
-      # their figures go to base.py; default.py's own paragraph is kept.
-      _record(by_id['regular__ntxent_t0.1__s0'], 0.82, 0.87, 390),
-      _record(by_id['regular__tcl_sup__s0'], 0.84, 0.88, 390)]
-  # The configs as they were before the study wrote into them (the
-  # repository's may hold its figures already): the placeholder paragraph,
-  # tcl_sup's with a remark after it; default.py's own paragraph as it is.
-  remark = {'tcl_sup': ' The thesis reports 95.7% (TCL) vs 95.5% (SupCon).'}
-  originals = {}
-  for name in ('simclr', 'macl', 'default', 'base', 'insdis', 'tcl_sup'):
-    with open(os.path.join(ROOT, 'configs', f'{name}.py')) as f:
-      text = f.read()
-    if name != 'default':
-      start = text.index('\nExpected') + 1
-      text = (text[:start] + _PLACEHOLDER + remark.get(name, '')
-              + text[text.index('\n\n', start):])
-    originals[name] = text
-    (tmp_path / f'{name}.py').write_text(text)
-
-  changed = reproduce.update_configs(records, runs, str(tmp_path))
-  assert sorted(os.path.basename(p) for p in changed) == [
-      'base.py', 'macl.py', 'simclr.py', 'tcl_sup.py']
-  base = (tmp_path / 'base.py').read_text()
-  assert re.search(r'^  regular data +kNN 82.00 +linear 87.00 +n=1, 390x256$',
-                   base, re.M)
-  assert '    python main.py --config=configs/base.py \\\n' in base
-  # The placeholder's remark (the thesis's figures) survives, as its own
-  # paragraph after the study's.
-  tcl = (tmp_path / 'tcl_sup.py').read_text()
-  assert 'Written by `python -m benchmarks.reproduce --update_configs`.\n\n' \
-      'The thesis reports 95.7% (TCL) vs 95.5% (SupCon).\n' in tcl
-  assert 'not measured yet' not in tcl
-  for name in ('default', 'insdis'):     # no run of insdis has finished
-    assert (tmp_path / f'{name}.py').read_text() == originals[name]
-
-  text = (tmp_path / 'simclr.py').read_text()
-  row = re.search(r'^  regular data +(.*)$', text, re.M).group(1).split()
-  pct = lambda xs: [100 * x for x in xs]
-  assert row[:8] == [
-      'kNN', f'{np.mean(pct(knn)):.2f}', '+-',
-      f'{np.std(pct(knn), ddof=1):.2f}', 'linear',
-      f'{np.mean(pct(lin)):.2f}', '+-', f'{np.std(pct(lin), ddof=1):.2f}']
-  assert row[8:] == ['n=2,', '390x256']
-  assert re.search(r'^  linear-imbalanced +kNN 74.31 +linear 84.01 +n=1,',
-                   text, re.M)
-  assert re.search(r'^  batch 64 +kNN 82.01 .* n=1, 1560x64$',
-                   (tmp_path / 'macl.py').read_text(), re.M)
-  # Only the paragraph changed: the text around it is the original's.
-  head, tail = originals['simclr'].split('Expected: not measured yet', 1)
-  assert text.startswith(head)
-  assert text.endswith(tail[tail.index('\n\n'):])
-  # The command in it is seed 0's, as the study ran it.
-  def command(text, run_id):
-    tail = text.split(f'--workdir=workdir/{run_id}', 1)[1]
-    return tail.split('Written by')[0].replace('\\', ' ').split()
-  assert command(text, 'regular__simclr__s0') == (
-      by_id['regular__simclr__s0'].command_args()[1:])
-  # base.py's command, run, builds the config the study's run built (from
-  # configs/default.py and the pins).
-  configs = os.path.join(ROOT, 'configs')
-  ran = by_id['regular__ntxent_t0.1__s0'].command_args()
-  assert ran[0] == '--config=configs/default.py'
-  assert _parse_flags(
-      [f'--config={configs}/base.py']
-      + command(base, 'regular__ntxent_t0.1__s0')).to_dict() == _parse_flags(
-          [f'--config={configs}/default.py'] + ran[1:]).to_dict()
-  # The rewritten file is still the config, and a rerun changes nothing.
-  namespace = {}
-  exec(compile(text, 'simclr.py', 'exec'), namespace)  # pylint: disable=exec-used
-  assert namespace['get_config']().loss == 'ntxent'
-  assert reproduce.update_configs(records, runs, str(tmp_path)) == []
 
 
 # -------------------------------------------------------------- watchdog ---
@@ -534,3 +446,256 @@ def test_watchdog_kills_a_silent_run_and_spares_a_progressing_one(tmp_path):
   busy = subprocess.Popen([sys.executable, '-c', code])
   assert reproduce._wait_watching(busy, str(busy_dir), 2.5,
                                   log=lambda s: None) == 0
+
+
+# ------------------------------------------------ study v2: frozen code ---
+
+from benchmarks.study_v2 import study as study_v2  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _git(repo, *args):
+  return subprocess.run(['git', *args], cwd=repo, check=True,
+                        capture_output=True, text=True).stdout.strip()
+
+
+# A stand-in for main.py: writes a checkpoint directory at step 100 and
+# fails on its first start (an interruption), then finishes from it.
+_FAKE_MAIN = '''
+import json, os, sys
+workdir = [a.split('=', 1)[1] for a in sys.argv if a.startswith('--workdir=')][0]
+ckpt = os.path.join(workdir, 'checkpoints')
+if not os.path.isdir(ckpt):
+  os.makedirs(os.path.join(ckpt, '100'))
+  sys.exit(3)
+os.makedirs(os.path.join(ckpt, '200'))
+json.dump({'steps': 200, 'train_seconds': 1.5, 'resumed_from_step': 100,
+           'trained/knn_weighted_top1@200': 0.75,
+           'trained/linear_top1': 0.8}, open(os.path.join(workdir, 'results.json'), 'w'))
+'''
+
+
+@pytest.fixture
+def study_repo(tmp_path):
+  repo = tmp_path / 'repo'
+  repo.mkdir()
+  (repo / 'fake_main.py').write_text(_FAKE_MAIN)
+  _git(repo, 'init', '-q')
+  _git(repo, '-c', 'user.name=t', '-c', 'user.email=t@t', 'add', '.')
+  _git(repo, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-qm',
+       'frozen')
+  return repo
+
+
+def _study_run():
+  return study_v2.pilot_runs()[1]
+
+
+def _execute(repo, tmp_path, **kw):
+  return study_v2.execute(_study_run(), str(tmp_path / 'results'),
+                          str(tmp_path / 'work'), root=str(repo),
+                          main=('fake_main.py',), log=lambda s: None, **kw)
+
+
+def test_study_records_every_invocation(study_repo, tmp_path):
+  commit = _git(study_repo, 'rev-parse', 'HEAD')
+  first = _execute(study_repo, tmp_path, required_commit=commit)
+  assert first['status'] == 'failed' and first['study_commit'] == commit
+  second = _execute(study_repo, tmp_path, required_commit=commit)
+  assert second['status'] == 'done'
+  with open(study_v2.record_path(str(tmp_path / 'results'),
+                                 _study_run())) as f:
+    rec = json.load(f)
+  inv = rec['invocations']
+  assert [i['outcome'] for i in inv] == ['failed', 'finished']
+  assert [i['exit_code'] for i in inv] == [3, 0]
+  assert [i['resumed_from_step'] for i in inv] == [None, 100]
+  assert [i['reached_step'] for i in inv] == [100, 200]
+  assert all(i['commit'] == commit and i['dirty'] is False for i in inv)
+  assert all(i['wall_seconds'] >= 0 and i['cpu_seconds'] >= 0 for i in inv)
+  assert rec['validation']['trained'] == {'knn': 0.75, 'linear': 0.8}
+  assert rec['args'] == _study_run().args()
+  # Done: a third call starts nothing and leaves the record alone.
+  assert _execute(study_repo, tmp_path)['invocations'] == inv
+
+
+def test_study_refuses_to_resume_on_another_commit(study_repo, tmp_path):
+  first = _execute(study_repo, tmp_path)
+  assert first['status'] == 'failed'
+  (study_repo / 'other.py').write_text('x = 1\n')
+  _git(study_repo, 'add', 'other.py')
+  _git(study_repo, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit',
+       '-qm', 'later')
+  with pytest.raises(study_v2.StudyError, match='refusing to resume'):
+    _execute(study_repo, tmp_path)
+  # Nothing ran: the record still has the one invocation.
+  with open(study_v2.record_path(str(tmp_path / 'results'),
+                                 _study_run())) as f:
+    assert len(json.load(f)['invocations']) == 1
+
+
+def test_study_refuses_a_dirty_tree_and_a_commit_not_the_tags(study_repo,
+                                                               tmp_path):
+  (study_repo / 'fake_main.py').write_text(_FAKE_MAIN + '\n# edited\n')
+  with pytest.raises(study_v2.StudyError, match='uncommitted changes.*'
+                     'fake_main.py'):
+    _execute(study_repo, tmp_path)
+  assert not os.path.exists(study_v2.record_path(str(tmp_path / 'results'),
+                                                 _study_run()))
+  _git(study_repo, 'checkout', '--', 'fake_main.py')
+  # Started clean, interrupted, then the tree is edited: no resume either.
+  assert _execute(study_repo, tmp_path)['status'] == 'failed'
+  (study_repo / 'fake_main.py').write_text(_FAKE_MAIN + '\n# edited\n')
+  with pytest.raises(study_v2.StudyError, match='uncommitted changes'):
+    _execute(study_repo, tmp_path)
+  with open(study_v2.record_path(str(tmp_path / 'results'),
+                                 _study_run())) as f:
+    assert len(json.load(f)['invocations']) == 1
+  _git(study_repo, 'checkout', '--', 'fake_main.py')
+  with pytest.raises(study_v2.StudyError, match='frozen at'):
+    _execute(study_repo, tmp_path, required_commit='0' * 40)
+  # The tag's commit, found by git.
+  _git(study_repo, 'tag', study_v2.STUDY_TAG)
+  assert study_v2.tag_commit(str(study_repo)) == _git(study_repo, 'rev-parse',
+                                                      'HEAD')
+
+
+def test_study_v2_plan():
+  pilot = study_v2.pilot_runs()
+  assert [r.run_id for r in pilot] == ['pilot__baselines__s0',
+                                       'pilot__ntxent__s0']
+  o = dict(pilot[1].overrides)
+  # The online kNN scores the whole validation split against the whole
+  # training set every epoch, with the end-of-run kNN's k.
+  assert o['online.knn_every_steps'] == 195 == 50_000 // 256
+  assert (o['online.knn_k'], o['online.knn_bank_size'],
+          o['online.knn_num_queries']) == (200, 50_000, 10_000)
+  assert o['eval.split'] == 'validation'
+  assert int(o['num_epochs'] * 195) == 16 * 195
+  tune = study_v2.tune_runs(2)
+  assert len(tune) == sum(len(a[3]) for a in study_v2.ARMS.values()) == 21
+  assert all(dict(r.overrides)['eval.split'] == 'validation' for r in tune)
+  chosen = {arm: grid[0] for arm, (_, _, _, grid) in study_v2.ARMS.items()}
+  final = study_v2.final_runs(4, chosen)
+  for arm in list(study_v2.ARMS) + ['baselines']:
+    assert sorted(r.seed for r in final if r.arm == arm) == [0, 1, 2, 3]
+  for r in final + tune + study_v2.imbalance_runs(4, chosen):
+    o = dict(r.overrides)
+    assert o['model.encoder_kwargs.pool'] == 'avg'
+    if r.arm != 'baselines':
+      steps = int(o['num_epochs'] * (reproduce.train_examples(
+          o.get('dataset.imbalance', 'none')) // 256))
+      assert steps == (390 if r.stage == 'tune' else 780), r.run_id
+  # Equal query views: MoCo v2 embeds both views as queries, as CACR-MoCo.
+  import importlib  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  for r in final[:len(study_v2.ARMS) + 1] + study_v2.imbalance_runs(
+      4, chosen)[:4] + pilot:
+    config = importlib.import_module(f'configs.{r.config}').get_config()
+    for key, value in r.overrides:
+      node = config
+      *path, leaf = key.split('.')
+      for p in path:
+        node = node[p]
+      node[leaf] = value
+    train.validate_config(config, num_devices=8)
+    if r.arm in ('moco_v2', 'cacr_moco'):
+      assert tuple(config.moco.query_views) == (0, 1), r.run_id
+    if r.arm != 'baselines':
+      assert config.augment.num_views == 2, r.run_id
+
+
+def test_report_figure_rows_pair_each_method_with_its_seeds_random_init():
+  res = _committed_results()
+  records = reproduce.load_results(reproduce.RESULTS_DIR, reproduce.plan())
+  rows = reproduce.plot_rows(records, reproduce.plan())
+  assert {v for v, _, _ in rows['regular']} == {'regular', 'batch64'}
+  assert {v for v, _, _ in rows['imbalanced']} == {'linear', 'exponential'}
+  row = {(v, m): r for v, m, r in rows['regular']}
+  rand = np.mean([100 * res[f'baselines__baselines__s{s}']['test'][
+      'random_init']['knn'] for s in (0, 1, 2)])
+  knn = [100 * res[f'regular__cmc_k4__s{s}']['test']['trained']['knn']
+         for s in (0, 1, 2)]
+  mean, std, random_init, n = row[('regular', 'cmc_k4')]['knn']
+  assert (mean, std, n) == pytest.approx((np.mean(knn), np.std(knn, ddof=1),
+                                          3))
+  assert random_init == pytest.approx(rand)
+
+
+def _v2_records(seed_values):
+  """Final and imbalance records: seed_values[(arm, rule)] = [acc per seed]
+  (fractions), baselines' random init under ('baselines', '')."""
+  recs = []
+  for (arm, rule), values in seed_values.items():
+    for seed, v in enumerate(values):
+      scores = {'knn': v, 'linear': v + 0.05}
+      if rule:
+        recs.append({'stage': 'imbalance', 'arm': arm, 'tag': rule,
+                     'seed': seed, 'status': 'done',
+                     'test': {'trained': {'knn': 0.1, 'linear': 0.1}},
+                     'test_balanced': {'trained': scores}})
+      elif arm == 'baselines':
+        recs.append({'stage': 'final', 'arm': arm, 'tag': '', 'seed': seed,
+                     'status': 'done', 'test': {'random_init': scores}})
+      else:
+        recs.append({'stage': 'final', 'arm': arm, 'tag': '', 'seed': seed,
+                     'status': 'done', 'test': {'trained': scores}})
+  return recs
+
+
+def test_study_v2_analysis_matches_scipy():
+  from scipy import stats
+  from benchmarks.study_v2 import analysis
+  rng = np.random.default_rng(0)
+  vals = {(a, ''): list(0.85 + 0.01 * rng.standard_normal(4))
+          for a in study_v2.ARMS}
+  vals[('macl', '')] = list(np.array(vals[('ntxent', '')]) + 0.02
+                           + 0.001 * rng.standard_normal(4))
+  vals[('baselines', '')] = list(0.80 + 0.002 * rng.standard_normal(4))
+  for rule in ('linear', 'exponential'):
+    for a in ('ntxent', 'cacr_k1'):
+      vals[(a, rule)] = list(0.7 + 0.01 * rng.standard_normal(4))
+  rows = {(r.cid, r.metric): r for r in analysis.claim_rows(
+      _v2_records(vals))}
+  assert len(rows) == 14
+  pct = lambda k: 100 * np.array(vals[k])
+  mine = {}
+  for cid, a, b in [('C1', 'macl', 'ntxent'), ('C2', 'macl', 'dcl'),
+                    ('C3', 'cacr_k1', 'ntxent'), ('C4', 'cacr_moco',
+                                                  'moco_v2'),
+                    ('C5', 'cmc', 'ntxent')]:
+    mine[cid] = pct((a, '')) - pct((b, ''))
+  for cid, rule in (('C6', 'linear'), ('C7', 'exponential')):
+    mine[cid] = ((pct(('ntxent', '')) - pct(('ntxent', rule)))
+                 - (pct(('cacr_k1', '')) - pct(('cacr_k1', rule))))
+  keys = [(c, m) for c in mine for m in ('knn', 'linear')]
+  p = np.array([stats.ttest_1samp(mine[c], 0).pvalue for c, _ in keys])
+  # TOST as two one-sided scipy tests against the margins.
+  tost = np.array([max(stats.ttest_1samp(mine[c], -1., alternative='greater'
+                                         ).pvalue,
+                       stats.ttest_1samp(mine[c], 1., alternative='less'
+                                         ).pvalue) for c, _ in keys])
+  def holm(p):
+    order = np.argsort(p)
+    adj = np.minimum(1, np.maximum.accumulate(p[order] * (len(p) -
+                                                          np.arange(len(p)))))
+    out = np.empty_like(adj)
+    out[order] = adj
+    return out
+  for (c, m), pi, hi, ti, thi in zip(keys, p, holm(p), tost, holm(tost)):
+    r = rows[(c, m)]
+    # linear = knn + 5 points in every record: the contrasts are equal.
+    assert r.stats.mean == pytest.approx(np.mean(mine[c])), (c, m)
+    assert r.stats.p == pytest.approx(pi, rel=1e-9)
+    assert r.p_holm == pytest.approx(hi, rel=1e-9)
+    assert r.p_tost == pytest.approx(ti, rel=1e-9)
+    assert r.p_tost_holm == pytest.approx(thi, rel=1e-9)
+  assert rows[('C1', 'knn')].verdict == 'supported'   # +2 points, sd 0.1
+  g = {(a, m): x for a, m, x in analysis.gains(_v2_records(vals))}
+  assert g[('cmc', 'knn')].diffs == pytest.approx(
+      tuple(pct(('cmc', '')) - pct(('baselines', ''))))
+  # A claim without runs has no verdict and is outside Holm's family.
+  del vals[('cmc', '')]
+  rows = {(r.cid, r.metric): r for r in analysis.claim_rows(
+      _v2_records(vals))}
+  assert rows[('C5', 'knn')].verdict.startswith('not run yet')
+  assert math.isnan(rows[('C5', 'knn')].p_holm)

@@ -1,0 +1,210 @@
+r"""Study v2's analysis, as PROTOCOL.md Sec. 7 fixes it, and its report.
+
+    python -m benchmarks.study_v2.analysis
+
+writes benchmarks/study_v2/REPORT.md from the run records in
+benchmarks/study_v2/results/ (nothing else): each claim's per-seed
+contrast, paired t-test (n - 1 df), 95% CI, Holm over the family, verdict,
+the equivalence test (TOST, +-`EQUIVALENCE_MARGIN`), each arm's gain over
+the same seed's random-init encoder, the pilot's curve, and every run's
+invocations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import time
+
+from benchmarks import reproduce
+from benchmarks.study_v2 import study
+
+REPORT = os.path.join(study.ROOT, 'benchmarks', 'study_v2', 'REPORT.md')
+METRICS = ('knn', 'linear')
+ALPHA = 0.05
+EQUIVALENCE_MARGIN = 1.0
+
+# (id, claim, terms): a term is (sign, (stage, arm, rule)); rule '' is the
+# final (balanced) run, read on 'test'; a rule reads the imbalance run's
+# balanced-bank scores, 'test_balanced'.
+CLAIMS = [
+    ('C1', 'MACL > NT-Xent', ((1, ('macl', '')), (-1, ('ntxent', '')))),
+    ('C2', 'MACL > DCL', ((1, ('macl', '')), (-1, ('dcl', '')))),
+    ('C3', 'CACR (K=1) > SimCLR', ((1, ('cacr_k1', '')),
+                                   (-1, ('ntxent', '')))),
+    ('C4', 'CACR-MoCo > MoCo v2 (equal query views)',
+     ((1, ('cacr_moco', '')), (-1, ('moco_v2', '')))),
+    ('C5', 'CMC > SimCLR (two views)', ((1, ('cmc', '')),
+                                        (-1, ('ntxent', '')))),
+] + [
+    (cid, f'CACR (K=1) degrades less than SimCLR, {rule} imbalance '
+     '(drop = balanced-data run - imbalanced run, balanced bank)',
+     ((1, ('ntxent', '')), (-1, ('ntxent', rule)),
+      (-1, ('cacr_k1', '')), (1, ('cacr_k1', rule))))
+    for cid, rule in (('C6', 'linear'), ('C7', 'exponential'))]
+
+
+def per_seed(records: list[dict]) -> dict[tuple[str, str, str], dict]:
+  """(arm, rule, metric) -> {seed: accuracy %} of the finished final and
+  imbalance runs; ('baselines', '', metric) is the random-init encoder."""
+  out: dict = {}
+  for rec in records:
+    if rec.get('status') != 'done' or rec['stage'] not in ('final',
+                                                           'imbalance'):
+      continue
+    if rec['stage'] == 'imbalance':
+      scores, rule = rec.get('test_balanced', {}).get('trained'), rec['tag']
+    elif rec['arm'] == 'baselines':
+      scores, rule = rec['test'].get('random_init'), ''
+    else:
+      scores, rule = rec['test'].get('trained'), ''
+    for metric in METRICS:
+      if scores and scores.get(metric) is not None:
+        out.setdefault((rec['arm'], rule, metric), {})[rec['seed']] = (
+            100 * scores[metric])
+  return out
+
+
+def contrast(data: dict, terms, metric: str) -> tuple[float, ...]:
+  cols = [data.get((arm, rule, metric), {}) for _, (arm, rule) in terms]
+  seeds = sorted(set.intersection(*(set(c) for c in cols)))
+  return tuple(sum(s * c[seed] for (s, _), c in zip(terms, cols))
+               for seed in seeds)
+
+
+def tost_p(diffs, margin: float = EQUIVALENCE_MARGIN) -> float:
+  """Two one-sided t-tests of |mean| < margin (n - 1 df): the larger p."""
+  st = reproduce.Paired(tuple(diffs))
+  if st.n < 2:
+    return math.nan
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  se = st._se()  # pylint: disable=protected-access
+  if se == 0:
+    return 0. if abs(st.mean) < margin else 1.
+  lower = stats.t.sf((st.mean + margin) / se, st.n - 1)   # H0: mean <= -m
+  upper = stats.t.cdf((st.mean - margin) / se, st.n - 1)  # H0: mean >= m
+  return float(max(lower, upper))
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  cid: str
+  claim: str
+  metric: str
+  stats: reproduce.Paired
+  p_holm: float
+  verdict: str
+  p_tost: float
+  p_tost_holm: float
+
+
+def claim_rows(records: list[dict]) -> list[Row]:
+  data = per_seed(records)
+  keys = [(cid, claim, terms, m) for cid, claim, terms in CLAIMS
+          for m in METRICS]
+  st = [reproduce.Paired(contrast(data, terms, m)) for _, _, terms, m in keys]
+  holm = reproduce.holm([s.p for s in st])
+  tost = [tost_p(s.diffs) for s in st]
+  tost_holm = reproduce.holm(tost)
+  rows = []
+  for (cid, claim, _, m), s, ph, pt, pth in zip(keys, st, holm, tost,
+                                                tost_holm):
+    verdict = ('not run yet (fewer than 2 seeds)' if s.n < 2 else
+               reproduce.verdict(s.mean, ph))
+    rows.append(Row(cid, claim, m, s, ph, verdict, pt, pth))
+  return rows
+
+
+def gains(records: list[dict]) -> list[tuple[str, str, reproduce.Paired]]:
+  data = per_seed(records)
+  out = []
+  for arm in study.ARMS:
+    for m in METRICS:
+      out.append((arm, m, reproduce.Paired(contrast(
+          data, ((1, (arm, '')), (-1, ('baselines', ''))), m))))
+  return out
+
+
+def load_all(results_dir: str) -> list[dict]:
+  import json  # pylint: disable=g-import-not-at-top
+  out = []
+  if os.path.isdir(results_dir):
+    for name in sorted(os.listdir(results_dir)):
+      if name.endswith('.json'):
+        with open(os.path.join(results_dir, name)) as f:
+          out.append(json.load(f))
+  return out
+
+
+def _p(p: float) -> str:
+  return reproduce._p(p)  # pylint: disable=protected-access
+
+
+def write_report(results_dir: str, path: str, *, tag_commit: str | None
+                 ) -> str:
+  records = load_all(results_dir)
+  lines = [
+      '# Study v2: report', '',
+      'Generated by `python -m benchmarks.study_v2.analysis` from the run '
+      f'records in `benchmarks/study_v2/results/` on '
+      f'{time.strftime("%Y-%m-%d %H:%M")}; do not edit by hand. The '
+      'protocol, fixed before the runs, is `PROTOCOL.md` beside this file.',
+      '', '## Pilot', '', study.pilot_table(results_dir), '',
+      '## Claims', '',
+      'Per-seed contrasts in accuracy points (test split), paired t-test '
+      'with n - 1 df, 95% t interval, Holm over the '
+      f'{len(CLAIMS) * len(METRICS)} tests; equivalence: TOST against '
+      f'±{EQUIVALENCE_MARGIN} point, Holm over the same number.', '',
+      '| claim | metric | mean [95% CI] | n | p | Holm p | verdict | '
+      f'TOST Holm p (±{EQUIVALENCE_MARGIN}) |', '|---|---|---|---|---|---|---|---|']
+  for r in claim_rows(records):
+    eq = ('-' if math.isnan(r.p_tost_holm) else
+          f'{_p(r.p_tost_holm)}' + (' (equivalent)' if r.p_tost_holm < ALPHA
+                                    else ''))
+    lines.append(f'| {r.cid} {r.claim} | {r.metric} | {r.stats.fmt()} | '
+                 f'{r.stats.n} | {_p(r.stats.p)} | {_p(r.p_holm)} | '
+                 f'{r.verdict} | {eq} |')
+  lines += ['', '## Gain over the random-init encoder (same seed)', '',
+            '| arm | metric | gain [95% CI] | n |', '|---|---|---|---|']
+  for arm, m, g in gains(records):
+    lines.append(f'| {arm} | {m} | {g.fmt()} | {g.n} |')
+  lines += ['', '## Runs and their invocations', '',
+            '| run | status | invocations (commit, resumed from, reached, '
+            'wall s, CPU s, outcome) |', '|---|---|---|']
+  off_tag = []
+  for rec in records:
+    inv = rec.get('invocations', [])
+    for i in inv:
+      if tag_commit and i['commit'] != tag_commit or i['dirty']:
+        off_tag.append(rec['run_id'])
+    lines.append(f'| {rec["run_id"]} | {rec.get("status")} | ' + '; '.join(
+        f'{i["commit"][:7]}, {i["resumed_from_step"]}, '
+        f'{i.get("reached_step")}, {i.get("wall_seconds")}, '
+        f'{i.get("cpu_seconds")}, {i["outcome"]}' for i in inv) + ' |')
+  cpu = sum(i.get('cpu_seconds') or 0 for rec in records
+            for i in rec.get('invocations', []))
+  lines += ['', f'CPU time of all runs so far: {cpu / 3600:.2f} h (budget '
+            '20 h). Invocations not at the tag or on a dirty tree: '
+            f'{", ".join(sorted(set(off_tag))) or "none"}.', '']
+  text = '\n'.join(lines)
+  with open(path + '.tmp', 'w') as f:
+    f.write(text)
+  os.replace(path + '.tmp', path)
+  return text
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--results_dir', default=study.RESULTS_DIR)
+  p.add_argument('--out', default=REPORT)
+  args = p.parse_args(argv)
+  write_report(args.results_dir, args.out,
+               tag_commit=study.tag_commit(study.ROOT))
+  print(f'report: {args.out}')
+  return 0
+
+
+if __name__ == '__main__':
+  raise SystemExit(main())
