@@ -151,14 +151,14 @@ def test_train_examples_follow_cacr_rules():
 
 def test_every_study_config_passes_validation():
   import importlib
-  from contrastive_jax import train
   for r in reproduce.plan():
     if r.seed:
       continue
     config = importlib.import_module(f'configs.{r.config}').get_config()
     pins = {k: v for k, v in reproduce.PINNED.items()
             if k not in dict(r.overrides)}
-    for key, value in list(r.overrides) + list(pins.items()):
+    for key, value in reproduce.current_options(
+        list(r.overrides) + list(pins.items())):
       node = config
       *path, leaf = key.split('.')
       for p in path:
@@ -587,17 +587,16 @@ def test_study_v2_plan():
       assert steps == (390 if r.stage == 'tune' else 780), r.run_id
   # Equal query views: MoCo v2 embeds both views as queries, as CACR-MoCo.
   import importlib  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
   for r in final[:len(study_v2.ARMS) + 1] + study_v2.imbalance_runs(
       4, chosen)[:4] + pilot:
     config = importlib.import_module(f'configs.{r.config}').get_config()
-    for key, value in r.overrides:
+    for key, value in reproduce.current_options(r.overrides):
       node = config
       *path, leaf = key.split('.')
       for p in path:
         node = node[p]
       node[leaf] = value
-    train.validate_config(config, num_devices=8)
+    config_lib.validate(config, num_devices=8)
     if r.arm in ('moco_v2', 'cacr_moco'):
       assert tuple(config.moco.query_views) == (0, 1), r.run_id
     if r.arm != 'baselines':
