@@ -111,3 +111,25 @@ def test_a_saved_config_takes_the_defaults_and_names_renamed_options():
   saved['optimizer']['clip_llr'] = True       # a typo
   with pytest.raises(ValueError, match='clip_llr is not an option'):
     config_lib.with_defaults(saved)
+
+
+def test_no_file_refers_to_a_path_outside_the_repository():
+  # A reader of the repository cannot follow a path to a sibling folder of
+  # the checkout, a private notes folder or a machine's absolute path.
+  import re
+  import subprocess as sp
+  files = sp.run(['git', 'ls-files'], cwd=ROOT, capture_output=True,
+                 text=True, check=True).stdout.split()
+  pattern = re.compile('|'.join((r'\.\./' + 'shared', r'(?<![\w.-])notes/\w+\.md',
+                                 '/' + r'work/\w')))
+  found = []
+  for name in files:
+    if name.startswith('benchmarks/accelerator_results/') or name.endswith(
+        ('.png', '.npz', '.json')):
+      continue          # Raw measurement reports and binary files.
+    try:
+      text = open(os.path.join(ROOT, name), encoding='utf-8').read()
+    except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
+      continue
+    found += [f'{name}: {m.group(0)}' for m in pattern.finditer(text)]
+  assert not found, found
