@@ -21,9 +21,11 @@ import dataclasses
 from typing import Any, ClassVar
 
 import ml_collections
+import numpy as np
 
 from contrastive_jax import progress
 from contrastive_jax.evaluators import features as features_lib
+from input_pipeline import pipeline
 
 
 @dataclasses.dataclass
@@ -61,10 +63,9 @@ class Representation:
     self._cache = {}
 
   def source(self, split: str, limit: int = 0):
+    """The 'train' or 'test' source, or its first `limit` examples."""
     data = {'train': self.env.train, 'test': self.env.test}[split]
     if 0 < limit < len(data):
-      import numpy as np  # pylint: disable=g-import-not-at-top
-      from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
       data = pipeline.Subset(data, np.arange(limit))
     return data
 
