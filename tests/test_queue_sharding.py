@@ -269,14 +269,14 @@ def test_step_without_a_mesh_equals_the_one_device_mesh_step():
                       num_examples=N_DATA, image_shape=(HW, HW, 1))
   plain = jax.jit(functools.partial(
       step_lib.train_step, model=setup.model, tx=setup.tx, method=setup.method,
-      loss=setup.loss, probe=setup.probe, mesh=None))
+      loss=setup.loss, classifier=setup.classifier, mesh=None))
   rng = np.random.default_rng(0)
   batch = {'views': (rng.random((B, 2, HW, HW, 1), np.float32),),
            'label': np.zeros(B, np.int32),
            'index': np.arange(B, dtype=np.int32)}
   s_plain = jax.device_get(step_lib.create_train_state(
       jax.random.key(0), model=setup.model, tx=setup.tx,
-      image_shape=(HW, HW, 1), method=setup.method, probe=setup.probe))
+      image_shape=(HW, HW, 1), method=setup.method, classifier=setup.classifier))
   s_mesh = setup.init_fn(jax.random.key(0))
   for step in range(2):
     s_plain, m_plain = plain(s_plain, batch, jax.random.key(3))

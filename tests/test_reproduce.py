@@ -139,7 +139,9 @@ def test_runs_naming_configs_default_train_configs_base():
     args = r.command_args()
     assert args[0] == '--config=configs/default.py'
     via_default = _parse_flags([f'--config={configs}/default.py'] + args[1:])
-    via_base = _parse_flags([f'--config={configs}/base.py'] + r.args()[1:])
+    via_base = _parse_flags([f'--config={configs}/base.py'] + [
+        f'--config.{k}={reproduce._flag_value(v)}'  # pylint: disable=protected-access
+        for k, v in reproduce.current_options(r.overrides)])
     assert via_default.to_dict() == via_base.to_dict(), r.run_id
 
 
