@@ -7,7 +7,7 @@ error in the report and the next part runs):
   peak     bf16 matrix products: an 8192^3 matmul's TFLOP/s, the measured
            ceiling beside the datasheet's dense bf16 peak.
   r50      the ResNet-50 SimCLR step at 224 px, 2 views, bf16 compute,
-           built by `train.build` from configs/papers/simclr.py:imagenet
+           built by `step_lib.build` from configs/papers/simclr.py:imagenet
            (SGD instead of LARS, the same in both, see below), against
            benchmarks/torch_step_peer.py (torchvision's resnet50,
            channels-last, bf16 autocast, torch.compile, the same head,
@@ -216,7 +216,7 @@ def jax_worker(args) -> int:
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
   from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import step as step_lib  # pylint: disable=g-import-not-at-top
 
   def say(obj):
     print(json.dumps(obj), flush=True)
@@ -227,7 +227,7 @@ def jax_worker(args) -> int:
     config = our_config(spec)
     mesh = runtime.create_mesh()
     shape = (spec['image_size'], spec['image_size'], 3)
-    setup = train.build(config, mesh, total_steps=10_000,
+    setup = step_lib.build(config, mesh, total_steps=10_000,
                         steps_per_epoch=1_000, num_examples=1_000_000,
                         image_shape=shape)
     state = setup.init_fn(jax.random.key(0))
@@ -735,7 +735,8 @@ def main() -> int:
     prepare()
     return 0
   if args.decode_rate is not None:
-    import contrastive_jax  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+    runtime.size_cpu_thread_pools()
     print(json.dumps(decode_rate(args.decode_rate, os.path.join(
         args.cache_dir, 'jpeg', 'jpeg_1024_384'), busy=args.busy)))
     return 0
@@ -750,7 +751,8 @@ def main() -> int:
     except ImportError:
       args.torch_python = ''
   # Sizes XLA:CPU's thread pools before jax starts (contrastive_jax/runtime).
-  import contrastive_jax  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  runtime.size_cpu_thread_pools()
   os.makedirs(args.out, exist_ok=True)
   report = {'date': time.strftime('%Y-%m-%d %H:%M:%S %Z'),
             'commit': args.commit, 'dry': args.dry, 'versions': _versions(),

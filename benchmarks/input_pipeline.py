@@ -324,20 +324,20 @@ def run_peer(torch_python, root, *, batch, image_size, warmup, timed,
 
 def queue_rows(queue: int, dim: int, batch: int, steps: int) -> list[dict]:
   from benchmarks import queue_comm  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import state as state_lib  # pylint: disable=g-import-not-at-top
+  from contrastive_jax.methods import memory_bank, moco  # pylint: disable=g-import-not-at-top
   config = queue_comm._moco_config(queue, dim, batch)  # pylint: disable=protected-access
   rows = []
-  sharded_enqueue = state_lib.enqueue
+  sharded_enqueue = moco.enqueue
   # As queue_comm.main: the 'before' layout swaps the old enqueue back in.
   for label, enqueue in (('gathered queue (before)',
                           queue_comm.gathered_enqueue),
                          ('sharded queue (now)', sharded_enqueue)):
-    state_lib.enqueue = enqueue
+    moco.enqueue = enqueue
     try:
       hlo, step_s, compile_s = queue_comm._compile_and_time(  # pylint: disable=protected-access
           config, num_examples=60_000, steps=steps)
     finally:
-      state_lib.enqueue = sharded_enqueue
+      moco.enqueue = sharded_enqueue
     cols = queue_comm.collectives(hlo)
     rows.append({
         'label': label,
@@ -465,10 +465,11 @@ def _train_step_views_per_s(iters: int) -> float:
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
   from configs import base  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import step as step_lib  # pylint: disable=g-import-not-at-top
   config = base.get_config()
-  mesh = train.create_mesh()
-  setup = train.build(config, mesh, total_steps=1000, steps_per_epoch=117,
+  mesh = runtime.create_mesh()
+  setup = step_lib.build(config, mesh, total_steps=1000, steps_per_epoch=117,
                       num_examples=60_000, image_shape=(28, 28, 1))
   init_fn, step_fn = setup.init_fn, setup.step_fn
   state = init_fn(jax.random.key(0))

@@ -53,7 +53,9 @@ def step_memory(method: str, per_device: int, dtype: str) -> dict[str, float]:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import step as step_lib  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import config_lib  # pylint: disable=g-import-not-at-top
   from input_pipeline import augment  # pylint: disable=g-import-not-at-top
 
   config = importlib.import_module(f'configs.papers.{method}').get_config(
@@ -63,10 +65,10 @@ def step_memory(method: str, per_device: int, dtype: str) -> dict[str, float]:
   q = config.moco.queue_size
   if q and q % config.batch_size:      # The queue holds whole batches.
     config.moco.queue_size = q // config.batch_size * config.batch_size
-  mesh = train.create_mesh()
-  train.validate_config(config, mesh.size)
+  mesh = runtime.create_mesh()
+  config_lib.validate(config, mesh.size)
   steps_per_epoch = 1_281_167 // config.batch_size
-  setup = train.build(config, mesh, total_steps=int(steps_per_epoch *
+  setup = step_lib.build(config, mesh, total_steps=int(steps_per_epoch *
                                                     config.num_epochs),
                       steps_per_epoch=steps_per_epoch,
                       num_examples=1_281_167, image_shape=(224, 224, 3),

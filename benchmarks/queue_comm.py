@@ -8,7 +8,7 @@ Run from the repository root (8 virtual CPU devices are set up here):
 What is measured. The MoCo v2 step of `configs/moco_v2.py` (small CNN,
 batch 256 x 2 views, shuffle-BN, InfoNCE against the queue only) with the
 paper's queue, Q = 65536 rows of D = 128, built exactly as train.py builds it
-(`train.build`: state sharded as `train.state_shardings` says, the
+(`step_lib.build`: state sharded as `step_lib.state_shardings` says, the
 queue by rows over 'data'), compiled for 8 devices in two layouts:
 
 * gathered (before): the queue write was a `dynamic_update_slice` at the
@@ -148,11 +148,12 @@ def _compile_and_time(config, *, num_examples: int, steps: int):
   import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import step as step_lib  # pylint: disable=g-import-not-at-top
 
-  mesh = train.create_mesh()
+  mesh = runtime.create_mesh()
   steps_per_epoch = num_examples // config.batch_size
-  setup = train.build(config, mesh,
+  setup = step_lib.build(config, mesh,
                       total_steps=int(config.num_epochs * steps_per_epoch),
                       steps_per_epoch=steps_per_epoch,
                       num_examples=num_examples, image_shape=(28, 28, 1))
@@ -221,7 +222,7 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
 
   import jax  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import state as state_lib  # pylint: disable=g-import-not-at-top
+  from contrastive_jax.methods import memory_bank, moco  # pylint: disable=g-import-not-at-top
   assert jax.device_count() == 8, jax.devices()
   try:
     load = os.getloadavg()
@@ -237,28 +238,28 @@ def main(argv=None) -> None:
   q_shape = (args.queue, args.dim)
   config = _moco_config(args.queue, args.dim, args.batch)
   rows = []
-  sharded_enqueue = state_lib.enqueue
+  sharded_enqueue = moco.enqueue
   for label, enqueue in (('moco_v2 gathered (before)', gathered_enqueue),
                          ('moco_v2 sharded (now)', sharded_enqueue)):
-    state_lib.enqueue = enqueue
+    moco.enqueue = enqueue
     try:
       hlo, step_s, compile_s = _compile_and_time(config, num_examples=60_000,
                                                  steps=args.steps)
     finally:
-      state_lib.enqueue = sharded_enqueue
+      moco.enqueue = sharded_enqueue
     rows.append(_row(label, hlo, step_s, compile_s, q_shape,
                      args.hlo_dir))
   if args.bank:
     bank_cfg = _bank_config(args.dim, args.batch, 4096)
-    sharded_noise = state_lib.sample_bank_noise
+    sharded_noise = memory_bank.sample_bank_noise
     for label, noise in (('insdis gathered (before)', gathered_bank_noise),
                          ('insdis sharded (now)', sharded_noise)):
-      state_lib.sample_bank_noise = noise
+      memory_bank.sample_bank_noise = noise
       try:
         hlo, step_s, compile_s = _compile_and_time(
             bank_cfg, num_examples=60_000, steps=args.steps)
       finally:
-        state_lib.sample_bank_noise = sharded_noise
+        memory_bank.sample_bank_noise = sharded_noise
       rows.append(_row(label, hlo, step_s, compile_s, (60_000, args.dim),
                        args.hlo_dir))
   before, after = rows[0]['total'], rows[1]['total']

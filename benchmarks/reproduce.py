@@ -231,18 +231,46 @@ class Run:
         f'--config.{k}={_flag_value(v)}' for k, v in self.overrides]
 
   def command_args(self) -> list[str]:
-    """What main.py runs: `args()`, and for a run naming configs/default.py
-    the PINNED values it does not override (the method configs build on
+    """What main.py runs: `args()` in today's option names
+    (`current_options`), and for a run naming configs/default.py the PINNED
+    values it does not override (the method configs build on
     configs/base.py and need none)."""
-    if self.config != 'default':
-      return self.args()
-    own = {k for k, _ in self.overrides}
-    return self.args() + [f'--config.{k}={_flag_value(v)}'
-                          for k, v in sorted(PINNED.items()) if k not in own]
+    options = list(self.overrides)
+    if self.config == 'default':
+      own = {k for k, _ in self.overrides}
+      options += [(k, v) for k, v in sorted(PINNED.items()) if k not in own]
+    return [f'--config=configs/{self.config}.py'] + [
+        f'--config.{k}={_flag_value(v)}' for k, v in current_options(options)]
 
   @property
   def fingerprint(self) -> str:
     return hashlib.sha1(' '.join(self.args()).encode()).hexdigest()[:8]
+
+
+# A run's options are named as in the code the study ran on (its record and
+# fingerprint keep them so); main.py takes today's names
+# (contrastive_jax/config_lib.py, RENAMED), where a 0 that turned a monitor
+# or the probe off is every_steps=-1.
+_RENAMED = {'online.knn_every_steps': 'evals.online_knn.every_steps',
+            'online.knn_k': 'evals.online_knn.ks',
+            'online.knn_bank_size': 'evals.online_knn.bank_size',
+            'online.knn_num_queries': 'evals.online_knn.num_queries',
+            'eval.linear_max_iter': 'evals.linear.max_iter'}
+
+
+def current_options(options) -> list[tuple[str, object]]:
+  """(key, value) options in today's config names, for main.py."""
+  out = []
+  for key, value in options:
+    if key == 'online.knn_every_steps' and not value:
+      out.append(('evals.online_knn.every_steps', -1))
+    elif key == 'eval.linear_max_iter' and not value:
+      out.append(('evals.linear.every_steps', -1))
+    elif key == 'online.knn_k':
+      out.append(('evals.online_knn.ks', (int(value),)))
+    else:
+      out.append((_RENAMED.get(key, key), value))
+  return out
 
 
 def _flag_value(v) -> str:

@@ -13,7 +13,7 @@ What is measured. Every row runs in a fresh subprocess, because the number of
 virtual CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=N) must
 be set before jax is imported. A row builds the step exactly as
 `contrastive_jax/train.py` does (`models.create_model`,
-`train.build`: `train.train_step` with the configured method and loss, jitted
+`step_lib.build`: `step_lib.train_step` with the configured method and loss, jitted
 with the state's shardings, batch sharded over 'data', the state donated),
 compiles it, then times `--steps` steps after 2
 warm-up steps on fixed random views (the augmentation is not part of the
@@ -168,12 +168,14 @@ def _image_shape(model: str):
 
 
 def _build(config, mesh, model: str):
-  """train.build(config) exactly as train.py calls it."""
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  """step_lib.build(config) exactly as train.py calls it."""
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import step as step_lib  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import optim  # pylint: disable=g-import-not-at-top
   # Fashion-MNIST: 60k / 512 = 117 steps per epoch, 4 epochs. The schedule
   # only sets lr values, not the cost of a step.
   steps_per_epoch = 60_000 // config.batch_size
-  return train.build(config, mesh,
+  return step_lib.build(config, mesh,
                      total_steps=int(config.num_epochs * steps_per_epoch),
                      steps_per_epoch=steps_per_epoch, num_examples=60_000,
                      image_shape=_image_shape(model))
@@ -207,13 +209,15 @@ def run_step(model: str, devices: int, batch: int, steps: int,
   import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import step as step_lib  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import optim  # pylint: disable=g-import-not-at-top
   if threads:   # After the import sized the pools, before the backend starts.
     os.environ['PJRT_NPROC'] = str(threads)
 
   assert jax.device_count() == devices, jax.devices()
   config = _config(model, batch, num_views)
-  mesh = train.create_mesh()
+  mesh = runtime.create_mesh()
   setup = _build(config, mesh, model)
   init_fn, step_fn = setup.init_fn, setup.step_fn
   shape = _image_shape(model)
@@ -255,10 +259,12 @@ def run_profile(steps: int) -> dict:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from contrastive_jax import losses  # pylint: disable=g-import-not-at-top
   from contrastive_jax import models  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import step as step_lib  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import optim  # pylint: disable=g-import-not-at-top
 
   config = _config('default', 512)
-  mesh = train.create_mesh()
+  mesh = runtime.create_mesh()
   setup = _build(config, mesh, 'default')
   net, init_fn, step_fn = setup.model, setup.init_fn, setup.step_fn
   loss_fn = functools.partial(losses.apply, config.loss,

@@ -151,38 +151,37 @@ def get_config() -> ml_collections.ConfigDict:
   # linear head on stop-gradient backbone features, trained with the labels,
   # and a periodic weighted kNN on fixed subsets. Neither affects training.
   config.online = ml_collections.ConfigDict()
-  config.online.linear_probe = True
-  config.online.probe_learning_rate = 1e-3
-  config.online.knn_every_steps = 200                  # 0: off.
-  config.online.knn_k = 20
-  config.online.knn_bank_size = 10000
-  config.online.knn_num_queries = 2000
+  # A linear classifier trained inside the step on the batch's stop-gradient
+  # features: its accuracy is a cheap monitor ('online/linear_acc').
+  config.online.classifier = True
+  config.online.classifier_learning_rate = 1e-3
 
   config.eval = ml_collections.ConfigDict()
-  # What the end-of-run evaluation scores: 'test' (config.dataset.eval_split)
-  # or 'validation' (the holdout; needs config.dataset.validation_size > 0).
+  # What the final evaluators score: 'test' (config.dataset.eval_split) or
+  # 'validation' (the holdout; needs config.dataset.validation_size > 0).
   # Recipe choices are made on 'validation'; 'test' is only reported.
   config.eval.split = 'test'
   config.eval.batch_size = 1024
-  config.eval.knn_ks = (200,)
-  config.eval.knn_temperature = 0.1
-  # ~ scikit-learn LogisticRegression(C=1) on 60k examples (l2 = 1 / N).
-  config.eval.linear_l2 = 1e-5
-  # Preconditioned L-BFGS (evaluators/linear_probe.py): 50 iterations are
-  # within 0.05 point of the optimum on this job's features (plain L-BFGS
-  # needed ~300). 0: no fast probe.
-  config.eval.linear_max_iter = 50
   config.eval.baselines = True              # Also score raw pixels, random init.
-  # Test examples in summary.png's t-SNE maps (~6 s for 2,000 on 2 cores;
-  # 0: no maps).
+  # Evaluation examples in summary.png's t-SNE maps (0: no maps).
   config.eval.embedding_points = 2000
-  # The papers' linear evaluation of the trained encoder, besides the fast
-  # L-BFGS probe above: a preset of contrastive_jax/evaluators/linear_eval.py
-  # ('simclr', 'moco', 'cacr_small', 'tcl', 'macl'): a linear classifier
-  # trained by SGD/Adam on augmented images through the frozen encoder,
-  # streamed like pretraining. '' (default): off. Epochs and batch size
-  # override the preset's when > 0 (the lr follows the batch linearly).
-  config.eval.linear_eval = ''
-  config.eval.linear_eval_epochs = 0
-  config.eval.linear_eval_batch_size = 0
+
+  # The evaluators (contrastive_jax/evaluators): every_steps 0 runs one after
+  # training on every representation, N > 0 every N steps on the current
+  # encoder ('online/...'), -1 turns it off.
+  config.evals = ml_collections.ConfigDict()
+  config.evals.knn = dict(type='knn', every_steps=0, ks=(200,),
+                          temperature=0.1, bank_size=0, num_queries=0)
+  # l2 = 1e-5 ~ scikit-learn's LogisticRegression(C=1) on 60k examples;
+  # preconditioned L-BFGS converges within 50 iterations on these features.
+  config.evals.linear = dict(type='logreg', every_steps=0, l2=1e-5,
+                             max_iter=50)
+  config.evals.online_knn = dict(type='knn', every_steps=200, ks=(20,),
+                                 temperature=0.1, bank_size=10000,
+                                 num_queries=2000)
+  # The papers' linear evaluation (SGD on augmented images through the frozen
+  # encoder), off here; on with every_steps=0 and a preset of
+  # contrastive_jax/evaluators/linear_eval.py (configs/papers set one).
+  config.evals.linear_eval = dict(type='linear_eval', every_steps=-1,
+                                  preset='', epochs=0, batch_size=0)
   return config

@@ -22,10 +22,10 @@ def get_config():
   config.dataset.image_size = None          # The dataset's own 28 x 28.
   config.augment.preset = 'fmnist'
   config.num_epochs = 100.
-  config.eval.linear_eval = ''              # The fast probes only.
+  config.evals.linear_eval.every_steps = -1  # kNN and logistic regression.
   config.eval.baselines = True
   steps_per_epoch = 60_000 // config.batch_size
   config.log_every_steps = steps_per_epoch
   config.checkpoint_every_steps = 10 * steps_per_epoch
-  config.online.knn_every_steps = 10 * steps_per_epoch
+  config.evals.online_knn.every_steps = 10 * steps_per_epoch
   return config

@@ -27,6 +27,6 @@ def get_config():
   config.log_every_steps = 2
   config.checkpoint_every_steps = 2
   config.eval.batch_size = 64
-  config.eval.knn_ks = (5,)
+  config.evals.knn.ks = (5,)
   config.eval.embedding_points = 256     # t-SNE of 1,024 points: ~3 s/map.
   return config

@@ -1,7 +1,27 @@
-"""contrastive_jax: contrastive representation learning in JAX/Flax."""
+"""contrastive_jax: contrastive representation learning in JAX/Flax.
 
-from contrastive_jax import runtime as _runtime
+The public API for notebooks and one's own code:
 
-# Before anything starts jax's CPU backend: with several virtual CPU devices,
-# XLA:CPU's default thread pools can deadlock collectives (runtime.py).
-_runtime.size_cpu_thread_pools()
+  contrastive_jax.losses.<name>(z, ...)   every loss, pure and jittable
+                                          (`losses.LOSSES` lists them)
+  contrastive_jax.load_encoder(workdir)   a trained run's encoder as a
+                                          function of images
+
+Importing the package has no side effects.
+"""
+
+__version__ = '0.2.0'
+
+
+def load_encoder(workdir: str, **kwargs):
+  """See `contrastive_jax.encoder.load_encoder`."""
+  from contrastive_jax import encoder  # pylint: disable=g-import-not-at-top
+  return encoder.load_encoder(workdir, **kwargs)
+
+
+def __getattr__(name):
+  # `contrastive_jax.losses` without an explicit submodule import.
+  if name == 'losses':
+    import importlib  # pylint: disable=g-import-not-at-top
+    return importlib.import_module('contrastive_jax.losses')
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -6,23 +6,26 @@ temporary directory and renames it when complete, so a run killed mid-save
 leaves at most an unfinished directory that is never listed; a finished but
 unreadable checkpoint is skipped with a warning in favour of the one before.
 
-Replicated arrays are written by one replica each, except large ones: orbax's
-replica-parallel saving cuts every replicated array into one slice per replica,
-each cut a small jitted `slice` compiled per array shape and device, which cost
-the default job's first save 96 compilations (~12 s on 8 CPU devices) and a
-ResNet-18 on 16 devices 240 (~17 s) for arrays of a few KB. Slicing pays off
-where several hosts share the write of a large array: it is kept for slices
-of at least `REPLICA_PARALLEL_MIN_BYTES` (a ResNet-50's 9.4 MB 3x3x512x512
-kernels on 8 replicas: 1.2 MB each), and smaller arrays are written whole.
+Replicated arrays are written by one replica each, except large ones:
+orbax's replica-parallel saving cuts every replicated array into one slice
+per replica, each cut a small jitted `slice` compiled per array shape and
+device, which costs more than it saves for small arrays. Slicing is kept for
+slices of at least `REPLICA_PARALLEL_MIN_BYTES`, where several hosts sharing
+the write of a large array pays off (docs/performance.md has the figures).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from absl import logging
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 
 REPLICA_PARALLEL_MIN_BYTES = 1 << 20
@@ -62,7 +65,8 @@ def restore_latest(manager: ocp.CheckpointManager, target):
       shardings to restore onto.
 
   Returns:
-    (state, step), or (None, None) when there is no checkpoint.
+    (state, step): the restored state and its step, or (target, None) when
+    there is no checkpoint.
   """
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
   for step in sorted(manager.all_steps(), reverse=True):
@@ -70,8 +74,61 @@ def restore_latest(manager: ocp.CheckpointManager, target):
       state = manager.restore(step, args=ocp.args.PyTreeRestore(
           abstract,
           restore_args=ocp.checkpoint_utils.construct_restore_args(abstract)))
+      logging.info('Resumed from the checkpoint at step %d.', step)
       return state, step
     except Exception as e:  # pylint: disable=broad-except
       logging.warning('Checkpoint at step %d is unreadable (%s: %s); trying '
                       'the previous one.', step, type(e).__name__, e)
-  return None, None
+  return target, None
+
+
+def restore_variables(workdir: str, model, image_shape: Sequence[int], mesh,
+                      step: int | None = None) -> tuple[dict[str, Any], int]:
+  """Restores params and batch_stats of the newest readable checkpoint.
+
+  Args:
+    workdir: the run directory (checkpoints in `<workdir>/checkpoints`).
+    model: the run's ContrastiveModel (defines the expected shapes).
+    image_shape: (H, W, C) of the training images.
+    mesh: the mesh to place the (replicated) variables on.
+    step: a specific step; None takes the newest one that reads.
+
+  Returns:
+    (variables, step): variables {'params', 'batch_stats'}, as model.apply
+    takes them.
+
+  Raises:
+    FileNotFoundError: no (readable) checkpoint.
+  """
+  directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f'no checkpoints in {directory}.')
+  replicated = NamedSharding(mesh, P())
+  shapes = jax.eval_shape(
+      lambda: model.init(jax.random.key(0),
+                         jnp.zeros((2,) + tuple(image_shape)), train=False))
+  target = {'params': shapes['params'],
+            'batch_stats': shapes.get('batch_stats', {})}
+  target = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+      target)
+  restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+  options = ocp.CheckpointManagerOptions(read_only=True)
+  with ocp.CheckpointManager(directory, options=options) as manager:
+    steps = [step] if step is not None else sorted(manager.all_steps(),
+                                                   reverse=True)
+    errors = []
+    for s in steps:
+      try:
+        # partial_restore: every other field of the saved TrainState (opt
+        # state, key encoder, queue, bank, ...) is left on disk.
+        out = manager.restore(s, args=ocp.args.PyTreeRestore(
+            item=target, restore_args=restore_args, partial_restore=True))
+        return {'params': out['params'],
+                'batch_stats': out['batch_stats']}, s
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning('Checkpoint at step %d is unreadable (%s: %s); trying '
+                        'the previous one.', s, type(e).__name__, e)
+        errors.append(f'step {s}: {type(e).__name__}: {e}')
+  raise FileNotFoundError(f'no readable checkpoint in {directory}'
+                          + (': ' + '; '.join(errors) if errors else '.'))

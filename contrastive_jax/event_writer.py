@@ -1,13 +1,11 @@
 """TensorBoard scalars, written without importing TensorFlow.
 
-clu's metric writers import TensorFlow with their package (`clu.metric_writers`
-imports its TF summary writer): ~7 s at the start of every main.py process
-and notebook kernel (`benchmarks/startup.py` on the 2-core CPU: main.py's
-imports 2.4 s, 9.1 s with TensorFlow), for a run that
-otherwise never loads TensorFlow (TFDS reads ArrayRecord files with numpy and
-PIL; TensorFlow is loaded only to build a dataset). The event files here are
-TensorBoard's own format, written by TensorBoard's record writer and protos:
-`tensorboard --logdir <workdir>` shows them as it showed clu's.
+clu's metric writers import TensorFlow with their package, seconds at the
+start of every process for a run that otherwise never loads it (TFDS reads
+ArrayRecord files with numpy and PIL; TensorFlow is loaded only to build a
+dataset; docs/performance.md has the start-up figures). The event files here
+are TensorBoard's own format, written by TensorBoard's record writer and
+protos: `tensorboard --logdir <workdir>` shows them.
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ class ContrastiveModel(nn.Module):
   An encoder may return a spatial map [B, h, w, C]: `features` is then the
   flattened map [B, h * w * C]. On 28x28 clothing the spatial layout of the
   last map is what separates shirt from coat, and the flattened map beats the
-  pooled one for every encoder state measured (see configs/default.py).
+  pooled one for every encoder state measured (docs/configs.md).
 
   `head_input` is what the head reads from such a map: 'pooled', its global
   average [B, C] (a SimCLR-style input: the loss never sees where a part
@@ -247,7 +247,7 @@ HEAD_INPUTS = ('pooled', 'features')
 
 def compute_dtype(config):
   """The jnp dtype of `config.model.dtype`; ValueError naming the known ones."""
-  name = config.model.get('dtype', 'float32')
+  name = config.model.dtype
   if name not in DTYPES:
     raise ValueError(f'config.model.dtype={name!r}; known: '
                      f'{", ".join(DTYPES)} (bfloat16: mixed precision, '
@@ -266,7 +266,7 @@ def create_model(config) -> ContrastiveModel:
   if name not in ENCODERS:
     raise ValueError(f'unknown encoder {name!r} (config.model.encoder); known: '
                      f'{", ".join(sorted(ENCODERS))}.')
-  head_input = config.model.get('head_input', 'pooled')
+  head_input = config.model.head_input
   if head_input not in HEAD_INPUTS:
     raise ValueError(f'config.model.head_input={head_input!r}; known: '
                      f'{", ".join(HEAD_INPUTS)} (what the projection head '
@@ -277,7 +277,7 @@ def create_model(config) -> ContrastiveModel:
   head = ProjectionHead(hidden_dim=config.model.head_hidden_dim,
                         out_dim=config.model.head_out_dim,
                         num_layers=config.model.head_layers,
-                        batch_norm=config.model.get('head_batch_norm', True),
+                        batch_norm=config.model.head_batch_norm,
                         dtype=dtype)
   return ContrastiveModel(encoder=encoder, head=head, head_input=head_input)
 
@@ -430,8 +430,8 @@ class SmallAlexNet(nn.Module):
   the embedding the loss reads) is this project's projection head with
   `config.model.head_layers = 1`.
 
-  Assumptions (the paper defers to Wang & Isola's code, see
-  /work/shared/notes/cacr.md section 3.1): every conv is bias-free, as
+  Assumptions (the paper defers to Wang & Isola's code for the encoder):
+  every conv is bias-free, as
   conv1 is in that code; weights are N(0, 0.02) as there; the flatten size
   follows the input (192*3*3 at 32 px, 192*2*2 at 28 px).
 

@@ -18,16 +18,16 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 
 import jax
 from absl import logging as absl_logging
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The job's own code; anything else (site-packages, even under a venv in the
-# repository) is a library.
-_OWN = tuple(os.path.join(_ROOT, d) for d in (
-    'main.py', 'contrastive_jax' + os.sep, 'input_pipeline' + os.sep,
-    'benchmarks' + os.sep, 'scripts' + os.sep))
+# The library's own code; records from anywhere else (site-packages, even
+# under a venv inside the repository) are a library's.
+_OWN = tuple(os.path.dirname(os.path.abspath(m)) + os.sep for m in (
+    __file__, os.path.join(os.path.dirname(__file__), '..', 'input_pipeline',
+                           '__init__.py')))
 
 
 def size_cpu_thread_pools(environ=os.environ) -> int | None:
@@ -35,32 +35,21 @@ def size_cpu_thread_pools(environ=os.environ) -> int | None:
 
   With N virtual CPU devices (`--xla_force_host_platform_device_count=N`, or
   `jax_num_cpu_devices`) on a machine of fewer cores, XLA:CPU's client sizes
-  its execution pool and its intra-op pool at exactly max(cores, N) threads
-  (xla/pjrt/cpu/cpu_client.cc: "Need at least CpuDeviceCount threads to
-  launch one collective"). Each device's part of a program with collectives
-  holds a thread while it waits in a rendezvous, and the client orders
-  collective programs by their launch, not their completion (as
-  cpu_client.cc reads: the next launch waits for the previous launch
-  event): with N threads two launches can take every thread between them, and the program deadlocks, N - 1 devices waiting for
-  the last, which never gets a thread (XLA aborts after 40 s, "Termination
-  timeout for `all gather ...`"). Measured on the 2-core CPU with 8 devices,
-  a jitted psum (+ all-gather) dispatched in a loop (tests/test_runtime.py
-  holds such a program): deadlocked in all 6 runs at XLA's 8 threads (1 to
-  16 collectives per program) and in the one run each at 9 and 12 threads;
-  at 16 none of 6 runs did (1 to 32 collectives per program, 300 to 3000
-  calls). The same signature as the hangs of the default job at batch
-  64 and of a study run (N - 1 devices in one all-gather, the abort after
-  40 s). 2N threads give every device a thread in both launches; the
-  default step ran no slower at 16 than at 8 (8 devices, alternated:
-  342-381 img/s against 321-337; `benchmarks/train_step.py --threads=8
-  --peer_devices=8`).
+  its execution and intra-op pools at max(cores, N) threads. Each device's
+  part of a program with collectives holds a thread while it waits in a
+  rendezvous, and the client orders collective programs by their launch: with
+  N threads two launches in flight can take every thread between them, and
+  the program deadlocks (XLA aborts after 40 s, "Termination timeout for
+  `all gather ...`"). 2N threads give every device a thread in both launches
+  (docs/performance.md has the measurements). A workaround for CPUs with
+  virtual devices: the entry points (contrastive_jax/cli.py, tests/conftest.py,
+  benchmarks/__init__.py) call it; the library never does on import.
 
   Raises `PJRT_NPROC` (what XLA's DefaultThreadPoolSize reads in place of
   the core count) to at least 2N: to max(2N, cores) if unset, and an
   inherited value below 2N (a parent process with fewer devices) too. It
-  must run before jax starts its CPU backend: importing contrastive_jax
-  calls it, and warns if a backend started first (then the pools keep
-  XLA's size).
+  must run before jax starts its CPU backend; it warns if a backend started
+  first (then the pools keep XLA's size).
 
   Returns:
     The thread count set, or None if nothing was changed.
@@ -78,10 +67,10 @@ def size_cpu_thread_pools(environ=os.environ) -> int | None:
   environ['PJRT_NPROC'] = str(threads)
   if environ is os.environ and _backend_started():
     absl_logging.warning(
-        'jax started its CPU backend before contrastive_jax was imported, so '
+        'jax started its CPU backend before size_cpu_thread_pools ran, so '
         'its thread pools have XLA\'s own size, with which collectives over '
-        '%d virtual devices can deadlock (contrastive_jax/runtime.py). Import '
-        'contrastive_jax before using jax, or set PJRT_NPROC=%d.',
+        '%d virtual devices can deadlock (contrastive_jax/runtime.py). Call '
+        'it before using jax, or set PJRT_NPROC=%d.',
         devices, threads)
   return threads
 
@@ -150,11 +139,14 @@ def quiet_library_logs() -> None:
   """Keeps the job's own INFO lines and every library's warnings and errors.
 
   Orbax alone logs ~45 INFO lines per checkpoint save, and TFDS and XLA add
-  more; a person needs the job's lines (main.py, contrastive_jax/,
+  more; a person needs the job's lines (the script run, contrastive_jax/,
   input_pipeline/). `--verbosity=1` shows everything again.
   """
+  main = getattr(sys.modules.get('__main__'), '__file__', None)
+  own = _OWN + ((os.path.abspath(main),) if main else ())
+
   def own_or_important(record: logging.LogRecord) -> bool:
-    if record.pathname.startswith(_OWN):
+    if record.pathname.startswith(own):
       return True
     return (record.levelno >= logging.WARNING and
             not any(m in record.getMessage() for m in _HARMLESS_WARNINGS))

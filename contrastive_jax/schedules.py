@@ -26,8 +26,8 @@ def build(kind: str, value: float, *, total_steps: int, steps_per_epoch: int,
     'cosine': from value at step 0 up to 1 at `total_steps`, BYOL's and MoCo
       v3's momentum, m_t = 1 - (1 - value) (cos(pi t / T) + 1) / 2.
     'epoch_ramp': value * min((epoch + 1) / ceil(num_epochs), 1), JCL's
-      lambda ramp (notes/jcl.md Sec. 0: lambda_t grows per epoch to
-      lambda_max, reached in the last epoch).
+      lambda ramp (lambda grows once per epoch and reaches its final value
+      in the last epoch; docs/losses.md, JCL).
 
   Args:
     kind: one of KINDS.

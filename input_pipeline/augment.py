@@ -377,11 +377,16 @@ def augment_groups(rng, images, views: Sequence[ViewConfig]
     A tuple of [B, V_g, h_g, w_g, C] float32 arrays in [0, 1], whose V_g sum
     to len(views), in view order.
   """
-  out, groups = augment_views(rng, images, views), []
-  start = 0
-  for v in range(1, len(out) + 1):
-    if v == len(out) or out[v].shape != out[start].shape:
-      groups.append(jnp.stack(out[start:v], axis=1))
+  return group_by_size(augment_views(rng, images, views))
+
+
+def group_by_size(views: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
+  """Views [B, h_v, w_v, C] -> one [B, V_g, h_g, w_g, C] array per run of
+  consecutive views of the same shape, in view order."""
+  groups, start = [], 0
+  for v in range(1, len(views) + 1):
+    if v == len(views) or views[v].shape != views[start].shape:
+      groups.append(jnp.stack(views[start:v], axis=1))
       start = v
   return tuple(groups)
 

@@ -12,28 +12,29 @@
 # ---
 
 # %% [markdown]
-# # Contrastive losses side by side
+# # The contrastive losses: how to call them, and what they do
 #
-# Every loss in `contrastive_jax.losses` is a pure function
-# `loss_fn(z, [key, queue, labels], *, hyperparameters) -> (loss, metrics)`
-# with z of shape [N, V, D] (N instances, V views, D dimensions);
-# `losses.apply(name, losses.LossInputs(...))` calls any of them by name.
+# `contrastive_jax.losses` holds every objective of this library as a pure,
+# jittable JAX function. You can use them without the rest of the library:
+# give one your embeddings, take the gradient, step your own optimizer.
 # This notebook
 #
-# 1. evaluates every loss, jitted, on toy embeddings of increasing quality;
-# 2. checks each loss's gradient against finite differences;
-# 3. plots the similarity matrix the InfoNCE family sees, and what the
-#    temperature does to it;
-# 4. shows how CACR weighs positives and negatives against their distance
-#    (and checks those weights against the loss's own gradient);
-# 5. shows MACL's adaptive temperature against the batch alignment;
-# 6. shows TCL's gradient magnitudes against k1.
+# 1. calls a loss and shows the shapes it takes and returns;
+# 2. lists every loss with its inputs and hyperparameters;
+# 3. trains a tiny encoder with one of them in plain JAX + optax;
+# 4. runs every loss on the same toy embeddings, from poorly to well aligned
+#    views;
+# 5. checks every loss's gradient against finite differences;
+# 6. looks inside four of them: NT-Xent's temperature, CACR's weights,
+#    MACL's adaptive temperature and TCL's positive-gradient boost.
 #
-# Open `01_losses.ipynb` in Jupyter, or run `jupytext --sync` after editing
-# the paired `01_losses.py`. Runs on CPU in about a minute.
+# It runs on a CPU in about a minute. Edit `01_losses.py` (the paired
+# jupytext source) and regenerate with `.venv/bin/python notebooks/execute.py
+# 01_losses`.
 
 # %%
 import functools
+import inspect
 import os
 import sys
 
@@ -41,25 +42,181 @@ import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
+import optax
+from IPython.display import Markdown, display
 
 # The repository root (this notebook lives in notebooks/).
 sys.path.insert(0, os.path.abspath('..'))
 from contrastive_jax import losses  # noqa: E402
 
+
+def markdown_table(header, rows):
+  """A list of rows as a Markdown table (rendered by Jupyter and GitHub)."""
+  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  lines += ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows]
+  return Markdown('\n'.join(lines))
+
+
 # %% [markdown]
-# ## 1. Toy embeddings
+# ## 1. Calling a loss
 #
-# N = 32 instances from 4 classes, V = 2 views, D = 16. Each view is the
-# instance's centre plus noise; less noise means better-aligned views.
-# Key-encoder losses get the second view as the key and a random queue.
+# An in-batch loss takes `z` of shape **[N, V, D]**: N instances (images),
+# V augmented views of each, D embedding dimensions. The views of one
+# instance are its positives; every other instance's views are negatives.
+# The embeddings need not be normalised: every loss L2-normalises them
+# itself and computes its similarities in float32. Hyperparameters are
+# keyword-only, with the paper's defaults.
+#
+# Every loss returns `(loss, metrics)`: a scalar and a flat dict of scalars
+# to log (most report `pos_sim`, the mean cosine between positives, and
+# `acc`, how often a view's most similar candidate is its positive).
+
+# %%
+N, V, D = 8, 2, 16
+z = jax.random.normal(jax.random.key(0), (N, V, D))
+loss, metrics = losses.ntxent(z, temperature=0.1)
+print(f'z {z.shape} {z.dtype} -> loss {loss.shape} {loss.dtype}: '
+      f'{float(loss):.4f}')
+print({k: round(float(v), 4) for k, v in metrics.items()})
+
+# %% [markdown]
+# Losses with a key encoder (MoCo, InsDis, JCL, BYOL) take the online
+# encoder's `query` [N, Vq, D] and the key encoder's `key` [N, Vk, D]
+# (gradients flow only through the query), and MoCo-style ones a `queue`
+# [Q, D] of negatives from earlier batches. Supervised losses (SupCon, TCL)
+# also take `labels` [N]:
+
+# %%
+keys = jax.random.split(jax.random.key(1), 3)
+query = jax.random.normal(keys[0], (N, 1, D))
+key = jax.random.normal(keys[1], (N, 1, D))
+queue = jax.random.normal(keys[2], (64, D))
+loss, _ = losses.infonce(query, key, queue=queue, temperature=0.2)
+print(f'infonce: {float(loss):.4f}')
+loss, _ = losses.supcon(z, jnp.arange(N) % 4)     # 4 classes
+print(f'supcon:  {float(loss):.4f}')
+
+# %% [markdown]
+# ## 2. Every loss
+#
+# The registry `losses.LOSSES` maps each name (the value of `config.loss`)
+# to its function; `losses.inputs_of(name)` says which inputs it takes.
+# Inputs in *italics* are optional.
+
+# %%
+def input_names(name):
+  accepted, required = losses.inputs_of(name)
+  params = list(inspect.signature(losses.get_loss(name)).parameters)
+  shapes = {'key': 'key', 'queue': 'queue', 'labels': 'labels'}
+  out = [f'`{params[0]}`']
+  for field in ('key', 'queue', 'labels'):
+    if field in accepted:
+      out.append(f'`{shapes[field]}`' if field in required
+                 else f'*`{shapes[field]}`*')
+  return ', '.join(out)
+
+
+def hyperparameters(name):
+  return ', '.join(
+      f'{p.name}={p.default!r}'
+      for p in inspect.signature(losses.get_loss(name)).parameters.values()
+      if p.kind == p.KEYWORD_ONLY and p.name not in ('key', 'queue', 'labels')
+      and p.default is not inspect.Parameter.empty)
+
+
+display(markdown_table(
+    ('name', 'what it is', 'inputs', 'hyperparameters (defaults)'),
+    [(f'`{name}`', losses.get_loss(name).__doc__.strip().splitlines()[0],
+      input_names(name), hyperparameters(name)) for name in losses.names()]))
+
+# %% [markdown]
+# ## 3. In your own JAX code
+#
+# A loss is an ordinary differentiable function, so `jax.grad` and any optax
+# optimizer work on it directly. Below, a linear encoder (32 -> 16
+# dimensions) learns what an augmentation leaves alone: each input's first 8
+# coordinates carry its identity, and the "augmentation" adds strong noise
+# to the other 24. NT-Xent rewards embeddings in which two views of one input
+# are closer to each other than to any other input's views, so the encoder
+# should learn to read the first 8 coordinates and ignore the rest. Replace
+# `encode` with your network and `make_views` with your augmentation;
+# nothing else changes.
+
+# %%
+D_IN, SIGNAL = 32, 8
+data = np.random.default_rng(0).normal(size=(512, D_IN)).astype(np.float32)
+
+
+def encode(params, x):                       # [..., D_IN] -> [..., D]
+  return x @ params['w']
+
+
+def make_views(rng, x, views=2):             # [B, D_IN] -> [B, V, D_IN]
+  noise = jnp.where(jnp.arange(D_IN) < SIGNAL, 0.1, 2.0)
+  return x[:, None] + noise * jax.random.normal(
+      rng, (x.shape[0], views, D_IN))
+
+
+def loss_fn(params, rng, x):
+  return losses.ntxent(encode(params, make_views(rng, x)), temperature=0.2)
+
+
+optimizer = optax.adam(1e-2)
+
+
+@jax.jit
+def train_step(params, opt_state, rng, x):
+  (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      params, rng, x)
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, loss, metrics
+
+
+params = {'w': jax.random.normal(jax.random.key(2), (D_IN, D)) / D_IN ** .5}
+opt_state = optimizer.init(params)
+rng = jax.random.key(3)
+own_loop = []
+for step in range(201):
+  rng, step_rng, batch_rng = jax.random.split(rng, 3)
+  batch = data[np.asarray(jax.random.choice(batch_rng, len(data), (64,),
+                                            replace=False))]
+  params, opt_state, loss, metrics = train_step(params, opt_state, step_rng,
+                                                batch)
+  if step % 40 == 0:
+    own_loop.append((step, float(loss), float(metrics['pos_sim']),
+                     float(metrics['acc'])))
+display(markdown_table(
+    ('step', 'NT-Xent loss', 'cosine between views',
+     'views whose nearest candidate is their positive'),
+    [(s, f'{l:.3f}', f'{p:.3f}', f'{100 * a:.0f}%') for s, l, p, a in own_loop]))
+w = np.asarray(params['w'])
+signal_weight, nuisance_weight = (float(np.linalg.norm(w[:SIGNAL])),
+                                  float(np.linalg.norm(w[SIGNAL:])))
+print(f'norm of the weights reading the identity coordinates: '
+      f'{signal_weight:.2f}; the noisy ones: {nuisance_weight:.2f}')
+
+# %% [markdown]
+# To select a loss by name, as a config does, put what you have in a
+# `losses.LossInputs` and call `losses.apply(name, inputs, **hyperparameters)`:
+# it passes each loss the inputs its signature names, and raises if you give
+# one an input it does not take (labels to an unsupervised loss, say).
+
+# %% [markdown]
+# ## 4. Every loss on the same inputs
+#
+# N = 32 instances from 4 classes, V = 2 views, D = 16: each view is its
+# instance's centre plus Gaussian noise, at three noise levels (the views of
+# an instance are poorly, moderately and well aligned). Losses with a key
+# encoder get view 0 as the query and view 1 as the key, and a random queue
+# of 256 negatives; supervised ones get the class labels.
 
 # %%
 N, V, D, Q, CLASSES = 32, 2, 16, 256, 4
-rng = np.random.default_rng(0)
+rng_np = np.random.default_rng(0)
 labels = np.arange(N) % CLASSES
-class_means = rng.normal(size=(CLASSES, D))
-centres = class_means[labels] + 0.5 * rng.normal(size=(N, D))
-queue = jnp.asarray(rng.normal(size=(Q, D)), jnp.float32)
+class_means = rng_np.normal(size=(CLASSES, D))
+centres = class_means[labels] + 0.5 * rng_np.normal(size=(N, D))
+queue = jnp.asarray(rng_np.normal(size=(Q, D)), jnp.float32)
 
 
 def toy_views(noise, views=V, seed=1):
@@ -68,52 +225,67 @@ def toy_views(noise, views=V, seed=1):
   return jnp.asarray(z, jnp.float32)
 
 
-def evaluate(name, z):
-  """Runs loss `name` on views z, giving it the inputs its signature takes.
+def loss_inputs(name, z, key_views=None):
+  """The LossInputs loss `name` takes, built from views z.
 
   A loss that requires a key (MoCo-style) sees view 0 as the query and the
-  other views as keys; queues and labels go to the losses that take them.
+  other views (or `key_views`) as keys; queues and labels go to the losses
+  that take them.
   """
   accepted, required = losses.inputs_of(name)
   keyed = 'key' in required
-  inputs = losses.LossInputs(
-      z=z[:, :1] if keyed else z, key=z[:, 1:] if keyed else None,
+  key_views = z[:, 1:] if key_views is None else key_views
+  return losses.LossInputs(
+      z=z[:, :1] if keyed else z, key=key_views if keyed else None,
       queue=queue if 'queue' in required or (keyed and 'queue' in accepted)
       else None,
       labels=jnp.asarray(labels) if 'labels' in accepted else None)
-  extra = {'num_data': N} if name == 'insdis' else {}
-  return float(jitted(name, **extra)(inputs)[0])
+
+
+# InsDis needs the dataset size for its NCE normalisation.
+EXTRA = {'insdis': {'num_data': N}}
 
 
 @functools.cache
-def jitted(name, **hyperparameters):
-  """losses.apply(name, ...) compiled once per loss and hyperparameters."""
-  return jax.jit(lambda inputs: losses.apply(name, inputs, **hyperparameters))
+def jitted(name):
+  """losses.apply(name, ...) compiled once per loss."""
+  return jax.jit(lambda inputs: losses.apply(name, inputs,
+                                             **EXTRA.get(name, {})))
 
 
 NOISES = (2.0, 1.0, 0.3)
-table = {}
-for name in losses.names():
-  try:
-    table[name] = [evaluate(name, toy_views(s)) for s in NOISES]
-  except Exception as e:  # a loss that needs other inputs is just listed
-    print(f'{name}: skipped ({type(e).__name__}: {e})')
-print(f'{"loss":<14}' + ''.join(f'{f"noise={s}":>12}' for s in NOISES))
-for name, vals in table.items():
-  print(f'{name:<14}' + ''.join(f'{v:>12.4f}' for v in vals))
-
-# %% [markdown]
-# Every loss should prefer better-aligned views: the value falls as the noise
-# falls (MACL's is always >= 1 by construction; JCL's bound uses the key
-# spread, which also shrinks).
-
-# %%
+table = {name: [float(jitted(name)(loss_inputs(name, toy_views(s)))[0])
+                for s in NOISES]
+         for name in losses.names()}
 decreasing = {name: bool(np.all(np.diff(vals) < 0))
               for name, vals in table.items()}
-print(decreasing)
+
+# The views' alignment at each noise level: mean cosine of view 0 and 1.
+unit_views = lambda z: z / np.linalg.norm(z, axis=-1, keepdims=True)
+view_cosine = [float(np.mean(np.sum(np.prod(unit_views(np.asarray(
+    toy_views(s))), axis=1), -1))) for s in NOISES]
+display(markdown_table(
+    ('loss', 'inputs') + tuple(f'noise {s} (cosine {c:.2f})'
+                               for s, c in zip(NOISES, view_cosine))
+    + ('falls as views align',),
+    [(f'`{name}`', input_names(name)) + tuple(f'{v:.3f}' for v in vals)
+     + ('yes' if decreasing[name] else '**no**',)
+     for name, vals in table.items()]))
 
 # %% [markdown]
-# ## 2. Gradients against finite differences
+# Read the table along a row, not down a column: each loss is in its own
+# units, so only the direction and relative size of a change mean
+# something. The InfoNCE family (NT-Xent, InfoNCE, CMC, SupCon, ...) is a
+# cross-entropy over candidates, near the log of their number for
+# uninformative embeddings (NT-Xent here: log 63 = 4.14); InsDis sums NCE
+# terms and its proximal term; AU-CL adds alignment to a log-mean Gaussian
+# potential, which is negative; CACR's value is an expected distance
+# difference, negative too; BYOL's is 2 - 2 cos between prediction and key.
+# Every loss falls as the views of an instance align. JCL's bound includes
+# the key spread, which shrinks with the noise too.
+
+# %% [markdown]
+# ## 5. Gradients against finite differences
 #
 # For every loss: the derivative of the loss along a random direction u,
 # from `jax.grad`, against the central difference
@@ -123,24 +295,18 @@ print(decreasing)
 # and labels are held fixed; z moves.
 #
 # MACL is the exception, by design: its temperature is a stop-gradient
-# function of the batch's alignment (Eq. 10), and its value is Eq. 14 while
-# its gradient is DCL's, so its gradient is not the derivative of its value.
+# function of the batch's alignment (its Eq. 10), and its value is Eq. 14
+# while its gradient is DCL's, so its gradient is not the derivative of its
+# value.
 
 # %%
 def directional_derivatives(name, eps=1e-2):
   z0 = toy_views(1.0)
-  accepted, required = losses.inputs_of(name)
-  keyed = 'key' in required
   u = jnp.asarray(np.random.default_rng(2).normal(size=z0.shape), jnp.float32)
-  extra = {'num_data': N} if name == 'insdis' else {}
 
   def value(z):
-    inputs = losses.LossInputs(
-        z=z[:, :1] if keyed else z, key=z0[:, 1:] if keyed else None,
-        queue=queue
-        if 'queue' in required or (keyed and 'queue' in accepted) else None,
-        labels=jnp.asarray(labels) if 'labels' in accepted else None)
-    return losses.apply(name, inputs, **extra)[0]
+    inputs = loss_inputs(name, z, key_views=z0[:, 1:])
+    return losses.apply(name, inputs, **EXTRA.get(name, {}))[0]
 
   autodiff = float(jnp.vdot(jax.grad(value)(z0), u))
   numeric = float((value(z0 + eps * u) - value(z0 - eps * u)) / (2 * eps))
@@ -148,21 +314,22 @@ def directional_derivatives(name, eps=1e-2):
 
 
 gradient_check = {name: directional_derivatives(name) for name in table}
-print(f'{"loss":<14}{"autodiff":>14}{"finite diff":>14}{"rel. error":>12}')
-for name, (a, f) in gradient_check.items():
-  note = '  (stop-gradient by design)' if name == 'macl' else ''
-  print(f'{name:<14}{a:>14.6f}{f:>14.6f}'
-        f'{abs(a - f) / max(abs(f), 1e-12):>12.1e}{note}')
+display(markdown_table(
+    ('loss', 'autodiff', 'finite difference', 'relative error'),
+    [(f'`{name}`', f'{a:.6f}', f'{f:.6f}',
+      f'{abs(a - f) / max(abs(f), 1e-12):.1e}'
+      + (' (stop-gradient by design)' if name == 'macl' else ''))
+     for name, (a, f) in gradient_check.items()]))
 
 # %% [markdown]
-# ## 3. The similarity matrix and the temperature
+# ## 6. Inside NT-Xent: the similarity matrix and the temperature
 #
 # NT-Xent (SimCLR) scores each of the 2N views against the other 2N - 1 with
 # cosine similarity / tau; the positive of view i is the other view of the
 # same instance (the off-diagonal stripes below). The softmax over a row is
 # the probability the loss assigns to each candidate being the positive: a
 # small tau makes it peaked on the hardest candidates, a large tau spreads it
-# (Wang & Liu 2021's "uniformity-tolerance" trade-off).
+# (Wang & Liu 2021's uniformity-tolerance trade-off).
 
 # %%
 z_sim = toy_views(1.0)
@@ -188,21 +355,24 @@ for ax, tau in zip(axes[1:], TAUS):
 for ax in axes:
   ax.set(xticks=[], yticks=[])
 plt.show()
-print('NT-Xent at these temperatures:',
-      {tau: round(float(losses.ntxent(z_sim, temperature=tau)[0]), 4)
-       for tau in TAUS})
+display(markdown_table(
+    ('tau', 'mean p(positive)', 'NT-Xent loss'),
+    [(tau, f'{positive_probability[tau]:.3f}',
+      f'{float(losses.ntxent(z_sim, temperature=tau)[0]):.4f}')
+     for tau in TAUS]))
 
 # %% [markdown]
-# ## 4. CACR: weights against distance
+# ## 7. Inside CACR: weights against distance
 #
 # CACR's repulsion weights are pi-_j = softmax_j(-t_neg ||q - n_j||^2) (hard
 # negatives get more weight), its attraction weights
 # pi+_k = softmax_k(+t_pos ||q - p_k||^2) (hard positives get more weight).
 # Below, one query at the north pole with negatives and positives spread over
 # the circle. Before plotting we check that these are the weights the loss
-# really applies: with both weight sets detached, the gradient of `cacr` on
-# the query is the weighted pull minus the weighted push (notes/cacr.md
-# Sec. 7 item 10).
+# really applies: with both weight sets detached (`sg_neg=True`), the
+# gradient of `cacr` with respect to the query is the weighted pull minus the
+# weighted push, (q - p) - sum_j pi-_j (q - n_j), projected onto the sphere's
+# tangent plane at q (the loss normalises q).
 
 # %%
 angles = np.linspace(0.05, np.pi - 0.05, 24)
@@ -249,11 +419,11 @@ cacr_repulsion = cacr_weights(T_NEG, -1.)
 cacr_attraction = cacr_weights(1.0, +1.)
 
 # %% [markdown]
-# ## 5. MACL: adaptive temperature against alignment
+# ## 8. Inside MACL: adaptive temperature against alignment
 #
-# MACL sets tau' = tau_0 alpha^m (variant a) or tau_0 (1 + beta m) (variant b),
-# with m the batch's mean positive cosine. Better alignment gives a larger
-# temperature, i.e. more tolerance to semantically similar negatives.
+# MACL sets tau' = tau_0 alpha^m (variant a) or tau_0 (1 + beta m) (variant
+# b), with m the batch's mean positive cosine. Better alignment gives a
+# larger temperature, i.e. more tolerance to semantically similar negatives.
 
 # %%
 macl_noise = np.geomspace(3.0, 0.05, 12)
@@ -270,14 +440,13 @@ fig, ax = plt.subplots(figsize=(5, 3.5))
 for variant in 'ab':
   ax.plot(macl_m, macl_tau[variant], 'o-', label=f'MACL-{variant}')
 ax.set(xlabel='mean positive cosine m', ylabel="tau'",
-       title='MACL adaptive temperature')
+       title='MACL adaptive temperature (tau_0 = 0.1)')
 ax.legend()
 fig.tight_layout()
 plt.show()
-print(np.round(macl_m, 3), np.round(macl_tau['a'], 4))
 
 # %% [markdown]
-# ## 6. TCL: gradient magnitudes against k1
+# ## 9. Inside TCL: gradient magnitudes against k1
 #
 # TCL adds k1 sum_p e^{-s_ip} to SupCon's denominator; a larger k1 should
 # strengthen the gradient from (hard) positives. We measure the norm of the
@@ -304,4 +473,3 @@ ax.set(xlabel='k1', title='TCL gradient magnitude')
 ax.legend()
 fig.tight_layout()
 plt.show()
-print(np.round(tcl_grad_norm, 4), np.round(tcl_pos_coef, 4))

@@ -1,18 +1,33 @@
-r"""Runs the notebooks and writes each `.ipynb` with its outputs.
+r"""Regenerates the notebooks: runs each and writes its `.ipynb` with outputs.
 
-    .venv/bin/python notebooks/execute.py            # all three, ~3 min on CPU
+    .venv/bin/python notebooks/execute.py            # all three, a few min on CPU
     .venv/bin/python notebooks/execute.py 01_losses  # one
 
 The `.py` file (jupytext percent format) is the source a reviewer diffs; the
 `.ipynb` is generated from it here, executed top to bottom in a fresh kernel
 with notebooks/ as the working directory, and committed with its outputs so
-it reads well on GitHub. The tests (tests/test_notebooks.py) execute the same
-way and check what the cells computed.
+it reads well on GitHub.
+
+Staleness. Each written `.ipynb` records in its metadata
+(`contrastive_jax.code_sha256`) a hash of the code that produced it: the
+notebook's `.py`, the `.py` of the notebooks it reads the outputs of
+(`03_checkpoint` restores the run of `02_train`), this file, and every `*.py`
+under contrastive_jax/, input_pipeline/ and configs/. The tests
+(tests/test_notebooks.py) recompute it without executing anything and fail
+when the committed outputs came from other code: after any change there, run
+this script and commit the notebooks it writes.
+
+`02_train` trains into `workdir/notebook/` (its default `WORKDIR`), which is
+removed first when 02_train is run here, so that the run starts from step 0
+with the current code rather than resuming an older checkpoint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
+import subprocess
 import sys
 
 import jupytext
@@ -20,11 +35,66 @@ import nbclient
 import nbformat
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 NOTEBOOKS = ('01_losses', '02_train', '03_checkpoint')
+# The notebooks whose outputs a notebook reads (the run it restores).
+READS = {'03_checkpoint': ('02_train',)}
+# The code every notebook runs; every *.py under these, recursively.
+CODE_DIRS = ('contrastive_jax', 'input_pipeline', 'configs')
+# The run 02_train writes and 03_checkpoint reads (their default WORKDIR).
+WORKDIR = os.path.join(ROOT, 'workdir', 'notebook')
+COMMAND = '.venv/bin/python notebooks/execute.py'
 # 8 virtual CPU devices, as main.py's scripts use; a notebook sets nothing
 # itself so that it runs unchanged on a GPU/TPU kernel.
 ENV = {'XLA_FLAGS': '--xla_force_host_platform_device_count=8',
        'TF_CPP_MIN_LOG_LEVEL': '2', 'TF_ENABLE_ONEDNN_OPTS': '0'}
+
+
+def code_files(name: str, root: str = ROOT) -> list[str]:
+  """The files whose contents `code_hash(name)` covers, relative to the
+  repository `root` with '/' separators, sorted."""
+  files = {f'notebooks/{n}.py' for n in (name, *READS.get(name, ()))}
+  files.add('notebooks/execute.py')
+  for top in CODE_DIRS:
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
+      dirnames[:] = [d for d in dirnames if not d.startswith(('.', '__'))]
+      for f in filenames:
+        if f.endswith('.py'):
+          files.add(os.path.relpath(os.path.join(dirpath, f), root)
+                    .replace(os.sep, '/'))
+  return sorted(files)
+
+
+def code_hash(name: str, root: str = ROOT) -> str:
+  """SHA-256 over the sorted paths and contents of `code_files(name)`.
+
+  Line endings are normalised to '\n', so a checkout that converts them
+  (git's autocrlf) hashes the same.
+  """
+  h = hashlib.sha256()
+  for path in code_files(name, root):
+    with open(os.path.join(root, path), 'rb') as f:
+      data = f.read().replace(b'\r\n', b'\n')
+    for part in (path.encode(), str(len(data)).encode(), data):
+      h.update(part + b'\0')
+  return h.hexdigest()
+
+
+def recorded_hash(nb: nbformat.NotebookNode) -> str | None:
+  """The code hash a written notebook records, or None."""
+  return nb.metadata.get('contrastive_jax', {}).get('code_sha256')
+
+
+def untracked_code() -> list[str]:
+  """Files `code_hash` covers that git does not track (a fresh clone, as CI
+  checks out, lacks them, so its hash differs); [] without git."""
+  try:
+    out = subprocess.run(
+        ['git', 'ls-files', '--others', '--exclude-standard', '--',
+         *CODE_DIRS], cwd=ROOT, capture_output=True, text=True, check=True)
+  except (OSError, subprocess.CalledProcessError):
+    return []
+  return [f for f in out.stdout.split() if f.endswith('.py')]
 
 
 def execute(name: str, *, extra_cells: tuple[str, ...] = (),
@@ -75,10 +145,29 @@ def _as_displayed(nb: nbformat.NotebookNode) -> None:
 
 
 def main(names) -> None:
-  for name in names or NOTEBOOKS:
+  names = list(names or NOTEBOOKS)
+  unknown = sorted(set(names) - set(NOTEBOOKS))
+  if unknown:
+    raise SystemExit(f'unknown notebook(s) {unknown}; known: {NOTEBOOKS}')
+  # In dependency order: a notebook runs after those whose outputs it reads.
+  names.sort(key=NOTEBOOKS.index)
+  if untracked := untracked_code():
+    print(f'warning: {", ".join(untracked)} not tracked by git: the recorded '
+          'hashes cover them, so commit them with the notebooks, or remove '
+          'them and run this again.', flush=True)
+  if '02_train' in names and 'NOTEBOOK_WORKDIR' not in os.environ:
+    print(f'removing {os.path.relpath(WORKDIR)} (02_train trains from step 0)',
+          flush=True)
+    shutil.rmtree(WORKDIR, ignore_errors=True)
+  for name in names:
     print(f'executing notebooks/{name}.py', flush=True)
+    before = code_hash(name)
     nb = execute(name)
+    if code_hash(name) != before:
+      raise SystemExit(f'the code changed while notebooks/{name}.py ran; '
+                       f'nothing written: run {COMMAND} {name} again.')
     _as_displayed(nb)
+    nb.metadata['contrastive_jax'] = {'code_sha256': before}
     # Outputs kept; the pairing metadata lets `jupytext --sync` update either.
     jupytext.write(nb, os.path.join(HERE, name + '.ipynb'))
     print(f'  wrote notebooks/{name}.ipynb', flush=True)

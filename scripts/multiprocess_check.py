@@ -60,7 +60,7 @@ from tests.synthetic_data import make_jpeg_folder  # pylint: disable=g-import-no
 RTOL = 1e-3          # Of each array's max |x|; see the module docstring.
 ACC_TOL = 0.01       # Accuracy difference: 2 of the 256 JPEG test images.
 ACC_KEYS = ('trained/knn_weighted_top1@5', 'trained/linear_top1',
-            'online/knn_top1@20', 'trained/linear_eval_top1')
+            'online/knn_weighted_top1@20', 'trained/linear_eval_top1')
 
 COMMON = [
     '--config.model.encoder_kwargs.widths=(8,16)',
@@ -68,14 +68,18 @@ COMMON = [
     '--config.batch_size=64', '--config.dataset.in_memory=False',
     '--config.optimizer.name=sgd', '--config.optimizer.base_learning_rate=0.5',
     '--config.log_every_steps=2', '--config.checkpoint_every_steps=4',
-    '--config.online.knn_every_steps=6', '--config.online.knn_k=20',
-    '--config.online.knn_bank_size=512', '--config.online.knn_num_queries=256',
+    '--config.evals.online_knn.every_steps=6',
+    '--config.evals.online_knn.ks=(20,)',
+    '--config.evals.online_knn.bank_size=512',
+    '--config.evals.online_knn.num_queries=256',
     '--config.eval.baselines=False', '--config.eval.batch_size=128',
-    '--config.eval.linear_max_iter=30',
+    '--config.evals.linear.max_iter=30',
     # The papers' linear evaluation, streamed: 1 epoch of SGD on augmented
     # images through the frozen encoder, each process reading its part.
-    '--config.eval.linear_eval=cifar', '--config.eval.linear_eval_epochs=1',
-    '--config.eval.linear_eval_batch_size=64',
+    '--config.evals.linear_eval.every_steps=0',
+    '--config.evals.linear_eval.preset=cifar',
+    '--config.evals.linear_eval.epochs=1',
+    '--config.evals.linear_eval.batch_size=64',
 ]
 JPEG = COMMON + [
     '--config.dataset.name=image_folder', '--config.dataset.image_size=16',

@@ -31,9 +31,12 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import jax  # noqa: E402
 
-# Sizes XLA:CPU's thread pools for the 8 devices before the backend starts
-# (contrastive_jax/runtime.py: with the default pools collectives deadlock).
-import contrastive_jax  # noqa: E402,F401  pylint: disable=unused-import
+from contrastive_jax import runtime  # noqa: E402
+
+# XLA:CPU's thread pools sized for the 8 virtual devices before the backend
+# starts (runtime.size_cpu_thread_pools: with XLA's own size, collectives
+# over many virtual devices on few cores can deadlock).
+runtime.size_cpu_thread_pools()
 
 # Tests compare against float64 numpy references; enabling x64 here would
 # change the dtypes under test, so losses are checked in float32 to 1e-5.

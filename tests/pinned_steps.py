@@ -90,14 +90,15 @@ def run(name: str, on_first_step=None) -> dict:
   """
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import step as step_lib  # pylint: disable=g-import-not-at-top
   from input_pipeline import augment  # pylint: disable=g-import-not-at-top
   config = tiny(name)
   images, labels = data()
   total = 10
-  mesh = train.create_mesh()
+  mesh = runtime.create_mesh()
   sharded = NamedSharding(mesh, P('data'))
-  setup = train.build(config, mesh, total_steps=total,
+  setup = step_lib.build(config, mesh, total_steps=total,
                       steps_per_epoch=N_DATA // BATCH, num_examples=N_DATA,
                       image_shape=images.shape[1:], num_classes=4)
   views_cfg = augment.build_views(config.augment.preset,
@@ -130,7 +131,7 @@ def run(name: str, on_first_step=None) -> dict:
            'key_batch_stats': getattr(ms, 'key_batch_stats', None),
            'queue': getattr(ms, 'queue', None),
            'bank': getattr(ms, 'bank', None),
-           'probe': (state.probe_params, state.probe_opt_state)}
+           'probe': (state.classifier_params, state.classifier_opt_state)}
   return {'loss': losses, 'grad_norm': grad_norms,
           'checksums': {k: checksums(v) for k, v in parts.items()
                         if jax.tree.leaves(v)}}

@@ -1,7 +1,7 @@
 """The accelerator check's dry mode: the GPU script's code paths on the CPU.
 
 benchmarks/accelerator.py runs on a GPU host now and then; this keeps it
-working in between: the ResNet-50 step worker (built by train.build from the
+working in between: the ResNet-50 step worker (built by step_lib.build from the
 paper config, compiled, timed over the worker protocol, its cost analysis
 read) and the input-pipeline part, at tiny sizes. The PyTorch peer rows need
 torch, which the project does not install: without it they are reported

@@ -34,8 +34,9 @@ from jax.sharding import PartitionSpec as P
 import numpy_reference as ref
 import test_train_step
 from benchmarks import queue_comm
+from contrastive_jax import runtime
+from contrastive_jax import config_lib
 from contrastive_jax import losses
-from contrastive_jax import state as state_lib
 from contrastive_jax import train
 from contrastive_jax.methods import memory_bank
 from tiny_step import build_step
@@ -52,7 +53,7 @@ def _id_bank(num_rows, mesh, dim=2):
 
 def _sampler(mesh, *, batch, k, n_data):
   return jax.jit(functools.partial(
-      state_lib.sample_bank_noise, batch=batch, num_negatives=k,
+      memory_bank.sample_bank_noise, batch=batch, num_negatives=k,
       num_examples=n_data, mesh=mesh))
 
 
@@ -68,7 +69,7 @@ def _drawn_ids(sampler, bank, key):
 def test_sharded_sampler_reads_the_named_rows_locally():
   n_data, b, k = 4003, 16, 64                # 501 rows per shard, 5 padding.
   rows = memory_bank.bank_rows(n_data, NDEV)
-  mesh = train.create_mesh()
+  mesh = runtime.create_mesh()
   bank = _id_bank(rows, mesh)
   sampler = _sampler(mesh, batch=b, k=k, n_data=n_data)
   key = jax.random.key(7)
@@ -79,7 +80,7 @@ def test_sharded_sampler_reads_the_named_rows_locally():
   # Every device reads only its own rows: the program has no collective.
   assert queue_comm.collectives(
       sampler.lower(bank, key).compile().as_text()) == []
-  want = state_lib.bank_noise_indices(key, batch=b, num_negatives=k,
+  want = memory_bank.bank_noise_indices(key, batch=b, num_negatives=k,
                                       num_examples=n_data, num_rows=rows,
                                       num_shards=NDEV)
   np.testing.assert_array_equal(_drawn_ids(sampler, bank, key), want)
@@ -92,10 +93,10 @@ def test_one_device_is_plain_uniform_sampling():
   key = jax.random.key(3)
   plain = np.asarray(jax.random.randint(jax.random.fold_in(key, 0), (b, k),
                                         0, n_data))
-  np.testing.assert_array_equal(state_lib.bank_noise_indices(
+  np.testing.assert_array_equal(memory_bank.bank_noise_indices(
       key, batch=b, num_negatives=k, num_examples=n_data, num_rows=203),
                                 plain)
-  mesh1 = train.create_mesh(jax.devices()[:1])
+  mesh1 = runtime.create_mesh(jax.devices()[:1])
   bank = _id_bank(n_data, mesh1)
   for mesh in (None, mesh1):
     sampler = _sampler(mesh, batch=b, k=k, n_data=n_data)
@@ -112,7 +113,7 @@ def test_no_padding_row_is_drawn_and_every_shard_gives_k_over_n(n_data):
   b, k, draws = 32, 64, 20
   rows = memory_bank.bank_rows(n_data, NDEV)
   per_shard = rows // NDEV
-  mesh = train.create_mesh()
+  mesh = runtime.create_mesh()
   bank = _id_bank(rows, mesh)
   sampler = _sampler(mesh, batch=b, k=k, n_data=n_data)
   ids = np.stack([_drawn_ids(sampler, bank, jax.random.key(s))
@@ -137,7 +138,7 @@ def test_no_padding_row_is_drawn_and_every_shard_gives_k_over_n(n_data):
 def test_empirical_marginal_is_uniform():
   # N = 200 data rows in 8 equal shards of r = 25; T keys x B x K draws.
   n_data, b, k, t = 200, 64, 64, 64
-  mesh = train.create_mesh()
+  mesh = runtime.create_mesh()
   bank = _id_bank(n_data, mesh)
   sampler = _sampler(mesh, batch=b, k=k, n_data=n_data)
   counts = np.zeros(n_data)
@@ -177,7 +178,7 @@ def _insdis_config(k, proximal_weight):
   c.loss_kwargs = {'temperature': 0.1, 'proximal_weight': proximal_weight}
   c.augment.num_views = 1
   c.memory_bank.num_negatives = k
-  train.validate_config(c, num_devices=NDEV)
+  config_lib.validate(c, num_devices=NDEV)
   return c
 
 
@@ -202,7 +203,7 @@ def test_insdis_step_loss_equals_the_loss_by_hand(monkeypatch):
   config = _insdis_config(k, lam)
   captured = []
   monkeypatch.setattr(losses, 'get_loss', _spy_loss(captured))
-  mesh = train.create_mesh()
+  mesh = runtime.create_mesh()
   model, init_fn, step_fn = build_step(
       config, mesh, total_steps=10, num_examples=n_data,
       image_shape=(HW, HW, 1), steps_per_epoch=5)
@@ -224,7 +225,7 @@ def test_insdis_step_loss_equals_the_loss_by_hand(monkeypatch):
   # The step's noise: the rows bank_noise_indices names for the step's key
   # (train_step folds in the step number, 0 here), read from the initial
   # bank; its positives are the bank rows of the batch.
-  ids = np.asarray(state_lib.bank_noise_indices(
+  ids = np.asarray(memory_bank.bank_noise_indices(
       jax.random.fold_in(base, 0), batch=B, num_negatives=k,
       num_examples=n_data, num_rows=rows, num_shards=NDEV))
   assert ids.max() < n_data
@@ -251,10 +252,10 @@ def test_insdis_step_loss_equals_the_loss_by_hand(monkeypatch):
   # The comparison can fail: the loss on an i.i.d. (unstratified) draw of the
   # same size, or on the next step's draw, is far outside the tolerance.
   for other in (
-      state_lib.bank_noise_indices(
+      memory_bank.bank_noise_indices(
           jax.random.fold_in(base, 0), batch=B, num_negatives=k,
           num_examples=n_data, num_rows=rows, num_shards=1),
-      state_lib.bank_noise_indices(
+      memory_bank.bank_noise_indices(
           jax.random.fold_in(base, 1), batch=B, num_negatives=k,
           num_examples=n_data, num_rows=rows, num_shards=NDEV)):
     wrong, _ = ref.insdis(query, key, bank0[np.asarray(other)], tau, n_data,
@@ -266,7 +267,7 @@ def _draws_of(num_shards):
   """sample_bank_noise replacement: any mesh reads `num_shards` shards' draws."""
   def sample(bank, key, *, batch, num_negatives, num_examples, mesh=None):
     del mesh
-    return bank[state_lib.bank_noise_indices(
+    return bank[memory_bank.bank_noise_indices(
         key, batch=batch, num_negatives=num_negatives,
         num_examples=num_examples, num_rows=bank.shape[0],
         num_shards=num_shards)]
@@ -278,10 +279,10 @@ def test_eight_devices_equal_one_device_fed_the_same_draws(monkeypatch):
   # loss, gradients and metrics of 2 steps agree to its float32 bound when
   # the 1-device step reads the rows the 8 devices draw.
   config = test_train_step._config('insdis')
-  mesh1 = train.create_mesh(jax.devices()[:1])
-  mesh8 = train.create_mesh()
+  mesh1 = runtime.create_mesh(jax.devices()[:1])
+  mesh8 = runtime.create_mesh()
   with monkeypatch.context() as patch:
-    patch.setattr(state_lib, 'sample_bank_noise', _draws_of(NDEV))
+    patch.setattr(memory_bank, 'sample_bank_noise', _draws_of(NDEV))
     init, s1, m1, _ = test_train_step._run(config, mesh1)
   _, s8, m8, _ = test_train_step._run(config, mesh8)
   assert s8.method_state.bank.sharding.spec == P('data', None)
@@ -308,9 +309,9 @@ def test_k_must_be_divisible_by_the_devices():
     _insdis_config(60, 0.)
   c = _insdis_config(64, 0.)
   c.memory_bank.num_negatives = 60
-  train.validate_config(c, num_devices=4)                 # 60 % 4 == 0.
+  config_lib.validate(c, num_devices=4)                 # 60 % 4 == 0.
   with pytest.raises(ValueError, match='not divisible'):
-    state_lib.bank_noise_indices(jax.random.key(0), batch=2,
+    memory_bank.bank_noise_indices(jax.random.key(0), batch=2,
                                  num_negatives=60, num_examples=4000,
                                  num_rows=4000, num_shards=8)
 
@@ -318,5 +319,5 @@ def test_k_must_be_divisible_by_the_devices():
 def test_a_shard_without_data_rows_is_refused():
   # 49 examples over 8 devices: 7 rows per shard, shard 7 is all padding.
   with pytest.raises(ValueError, match='without a single data row'):
-    state_lib.bank_noise_indices(jax.random.key(0), batch=2, num_negatives=8,
+    memory_bank.bank_noise_indices(jax.random.key(0), batch=2, num_negatives=8,
                                  num_examples=49, num_rows=56, num_shards=8)

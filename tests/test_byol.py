@@ -7,6 +7,7 @@ views (0, 1), target projections of views (1, 0)), and the target's update
 against the EMA written out in numpy.
 """
 
+import os
 import jax
 import numpy as np
 import pytest
@@ -14,7 +15,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from configs import byol as byol_config
+from contrastive_jax import step as step_lib
+from contrastive_jax import runtime
+from contrastive_jax import config_lib
 from contrastive_jax import losses
+from contrastive_jax import reporting
 from contrastive_jax import train
 from numpy_reference import f32_rtol
 
@@ -55,7 +60,7 @@ def test_loss_refuses_mismatched_pairs_and_negatives():
 
 
 def _setup(config, mesh):
-  return train.build(config, mesh, total_steps=10, steps_per_epoch=5,
+  return step_lib.build(config, mesh, total_steps=10, steps_per_epoch=5,
                      num_examples=64, image_shape=(HW, HW, 1))
 
 
@@ -65,13 +70,13 @@ def _tiny():
   c.model.head_hidden_dim, c.model.head_out_dim = 16, 8
   c.moco.predictor_hidden_dim = 12
   c.batch_size = B
-  c.online.linear_probe = False
+  c.online.classifier = False
   return c
 
 
 def test_step_regresses_online_predictions_on_the_ema_target():
   config = _tiny()
-  mesh = train.create_mesh()
+  mesh = runtime.create_mesh()
   setup = _setup(config, mesh)
   state = setup.init_fn(jax.random.key(0))
   s0 = jax.device_get(state)
@@ -117,7 +122,7 @@ def test_byol_refuses_a_queue():
   config = _tiny()
   config.moco.queue_size = 2 * B
   with pytest.raises(ValueError, match='queue_size=0'):
-    train.validate_config(config, num_devices=8)
+    config_lib.validate(config, num_devices=8)
 
 
 def test_byol_trains_end_to_end(tmp_path):
@@ -130,14 +135,15 @@ def test_byol_trains_end_to_end(tmp_path):
   config.optimizer.base_learning_rate = 0.1   # 0.1 * 16 / 256 = 6e-3 peak.
   config.log_every_steps = 1
   config.eval.batch_size = 32
-  config.eval.knn_ks = (3,)
-  config.eval.linear_max_iter = 5
+  config.evals.knn.ks = (3,)
+  config.evals.linear.max_iter = 5
   config.eval.baselines = False
-  config.online.knn_every_steps = 0
+  config.evals.online_knn.every_steps = -1
   data = (synthetic_data.stripes_and_brightness(64, 2),
           synthetic_data.stripes_and_brightness(32, 3))
   results = train.train_and_evaluate(config, str(tmp_path), data=data)
   assert results['steps'] == 24
-  history = [h for h in train._load_history(str(tmp_path)) if 'loss' in h]
+  history = [h for h in reporting.read_json(
+      os.path.join(str(tmp_path), 'history.json'), []) if 'loss' in h]
   first, last = history[0]['loss'], history[-1]['loss']
   assert last < 0.8 * first, (first, last)   # Measured: 1.91 -> 1.20.

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from contrastive_jax import step as step_lib
 from contrastive_jax.evaluators import diagnostics
 from numpy_reference import f32_rtol
 
@@ -221,16 +222,16 @@ def test_semantic_sensitivity_matches_brute_force_with_second_encoder():
 
 
 def test_train_step_monitors_pick_the_positive_partner():
-  """train.alignment_uniformity: view 1 is view 0's partner; with one view
+  """step_lib.alignment_uniformity: view 1 is view 0's partner; with one view
   the key; with neither, no alignment. Closed forms on unit vectors."""
   from contrastive_jax import train
   z0 = np.array([[1., 0.], [-1., 0.]], np.float32)      # Antipodal pair.
   two_views = np.stack([z0, 3 * z0], axis=1)            # Same directions.
-  m = train.alignment_uniformity(two_views, key=-two_views)
+  m = step_lib.alignment_uniformity(two_views, key=-two_views)
   np.testing.assert_allclose(m['alignment'], 0., atol=1e-6)
   # One pair at squared distance 4: log exp(-2 * 4) = -8.
   np.testing.assert_allclose(m['uniformity'], -8., rtol=1e-6)
   one_view = z0[:, None]
-  m = train.alignment_uniformity(one_view, key=-one_view)   # Opposite keys.
+  m = step_lib.alignment_uniformity(one_view, key=-one_view)   # Opposite keys.
   np.testing.assert_allclose(m['alignment'], 4., rtol=1e-6)
-  assert 'alignment' not in train.alignment_uniformity(one_view, key=None)
+  assert 'alignment' not in step_lib.alignment_uniformity(one_view, key=None)

@@ -7,7 +7,11 @@ import jax
 import numpy as np
 import pytest
 
+import contrastive_jax
+
 from configs import test as test_config
+from contrastive_jax import config_lib
+from contrastive_jax import checkpointing
 from contrastive_jax import eval_checkpoint
 from contrastive_jax import models
 from contrastive_jax import train
@@ -37,8 +41,8 @@ def evaluated(tmp_path_factory):
   train_results = train.train_and_evaluate(test_config.get_config(), workdir,
                                            data=DATA)
   results = eval_checkpoint.evaluate_checkpoint(
-      workdir, data=DATA, knn_ks=(3, 10), probe_preset='cacr_small',
-      probe_epochs=2)
+      workdir, data=DATA, knn_ks=(3, 10), linear_eval='cacr_small',
+      linear_eval_epochs=2)
   return workdir, train_results, results
 
 
@@ -50,12 +54,13 @@ def test_knn_reproduces_the_training_run(evaluated):
   # Same checkpoint, same extraction: the run's k=5 accuracies exactly,
   # whatever other k were scored in the same pass.
   for vote in ('weighted', 'majority'):
-    key = f'knn_{vote}_top1@5'
-    assert results[key] == on_disk[f'trained/{key}']
+    key = f'trained/knn_{vote}_top1@5'
+    assert results[key] == on_disk[key]
     assert results[key] < 1.
-  assert {'knn_weighted_top1@3', 'knn_weighted_top1@10'} <= set(results)
-  # The logistic probe is deterministic on the same features too.
-  assert results['linear_top1'] == pytest.approx(
+  assert {'trained/knn_weighted_top1@3',
+          'trained/knn_weighted_top1@10'} <= set(results)
+  # The logistic regression is deterministic on the same features too.
+  assert results['trained/linear_top1'] == pytest.approx(
       on_disk['trained/linear_top1'], abs=1e-6)
 
 
@@ -69,34 +74,59 @@ def test_files_and_diagnostics(evaluated):
     with open(os.path.join(outdir, name), 'rb') as f:
       assert f.read(8) == PNG_MAGIC
   for space in ('projection', 'features'):
-    pre = f'diagnostics/{space}/'
+    pre = f'trained/diagnostics/{space}/'
     assert 0. <= results[pre + 'alignment'] <= 4.
     assert -4. <= results[pre + 'uniformity'] <= 0.
     assert 0. <= results[pre + 'cacr_conditional_entropy'] <= np.log(31) + 1e-5
     assert np.exp(-4) - 1e-6 <= results[pre + 'macl_semantic_sensitivity'] <= 1.
-  assert results['diagnostics/cacr_conditional_entropy_max'] == (
+  assert results['trained/diagnostics/cacr_conditional_entropy_max'] == (
       pytest.approx(np.log(31)))      # test config: batch 32
-  assert 0. <= results['probe_cacr_small_top1'] <= 1.
+  assert 0. <= results['trained/linear_eval_top1'] <= 1.
 
 
 def test_restore_onto_another_mesh_and_explicit_step(evaluated):
   # Written on 8 devices; read onto a 1-device mesh, older checkpoint.
   workdir, _, _ = evaluated
-  config = eval_checkpoint.load_config(workdir)
+  config = config_lib.load(workdir)
   assert config.model.encoder_kwargs.widths == (8, 16)     # tuples restored
   model = models.create_model(config)
   mesh = jax.make_mesh((1,), ('data',), devices=jax.devices()[:1])
-  variables, step = eval_checkpoint.restore_variables(
+  variables, step = checkpointing.restore_variables(
       workdir, model, (12, 12, 1), mesh, step=6)
   assert step == 6
   leaf = jax.tree.leaves(variables['params'])[0]
   assert leaf.sharding.mesh.size == 1
-  latest, latest_step = eval_checkpoint.restore_variables(
+  latest, latest_step = checkpointing.restore_variables(
       workdir, model, (12, 12, 1), mesh)
   assert latest_step == 8
   # Different steps hold different weights (the restore is not a re-init).
   assert any(not np.array_equal(a, b) for a, b in zip(
       jax.tree.leaves(variables['params']), jax.tree.leaves(latest['params'])))
+
+
+def test_load_encoder_embeds_as_the_run_evaluated(evaluated):
+  # The public API's features, scored by a brute-force numpy weighted kNN
+  # (cosine, k=5, T=0.1), give the run's own kNN accuracy.
+  workdir, _, _ = evaluated
+  encoder = contrastive_jax.load_encoder(workdir)    # shape from data.json
+  assert encoder.step == 8 and encoder.classes is None
+  train, test = DATA
+  bank = encoder(train.images).astype(np.float64)
+  queries = encoder(test.images[:10]).astype(np.float64)
+  assert encoder.project(test.images[:3]).shape == (3, 16)
+  queries = np.concatenate([queries, encoder(test.images[10:])])
+  unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+  sims = unit(queries) @ unit(bank).T
+  correct = 0
+  for q in range(len(queries)):
+    top = np.argsort(-sims[q], kind='stable')[:5]
+    votes = np.zeros(train.labels.max() + 1)
+    for i in top:
+      votes[train.labels[i]] += np.exp(sims[q, i] / 0.1)
+    correct += int(np.argmax(votes) == test.labels[q])
+  with open(os.path.join(workdir, 'results.json')) as f:
+    want = json.load(f)['trained/knn_weighted_top1@5']
+  assert correct / len(queries) == pytest.approx(want, abs=1.5 / len(queries))
 
 
 def test_missing_run_is_a_clear_error(tmp_path):

@@ -3,7 +3,9 @@
 import jax
 import numpy as np
 
-from contrastive_jax import evaluate
+from contrastive_jax.evaluators import features
+from contrastive_jax import config_lib
+from contrastive_jax import evaluators
 from contrastive_jax import runtime
 from input_pipeline import pipeline
 
@@ -22,7 +24,7 @@ def _split():
 def test_every_row_is_the_example_its_index_names():
   data, mesh = _split(), runtime.create_mesh()
   # variables=None: the raw-pixel representation, x = image / 255 flattened.
-  feats = evaluate.extract_features(evaluate.make_feature_fn(None, mesh), None,
+  feats = features.extract_features(features.make_feature_fn(None, mesh), None,
                                     data, mesh, BATCH)
   x, label, mask, index = jax.device_get(tuple(feats))
   assert sorted(index.tolist()) == list(range(3 * BATCH))
@@ -40,7 +42,7 @@ def test_rows_stay_on_the_device_that_computed_them():
   # split's features keep exactly those rows there (no row crosses devices,
   # or hosts on a pod).
   data, mesh = _split(), runtime.create_mesh()
-  feats = evaluate.extract_features(evaluate.make_feature_fn(None, mesh), None,
+  feats = features.extract_features(features.make_feature_fn(None, mesh), None,
                                     data, mesh, BATCH)
   per_device = BATCH // mesh.size
   devices = list(mesh.devices.flat)
@@ -54,10 +56,10 @@ def test_rows_stay_on_the_device_that_computed_them():
 
 def test_first_rows_are_the_splits_first_examples_in_order():
   data, mesh = _split(), runtime.create_mesh()
-  feats = evaluate.extract_features(evaluate.make_feature_fn(None, mesh), None,
+  feats = features.extract_features(features.make_feature_fn(None, mesh), None,
                                     data, mesh, BATCH)
   for n, want in [(5, 5), (10 ** 6, NUM)]:
-    x, label = evaluate.first_rows(feats, n)
+    x, label = features.first_rows(feats, n)
     np.testing.assert_array_equal(np.rint(x * 255),
                                   data.images[:want].reshape(want, -1))
     np.testing.assert_array_equal(label, data.labels[:want])
@@ -72,8 +74,10 @@ def test_a_second_evaluation_of_the_same_shapes_builds_no_program():
   mesh = runtime.create_mesh()
   config = test_config.get_config()
   config.eval.batch_size = BATCH
-  config.eval.linear_max_iter = 5
+  config.evals.linear.max_iter = 5
   config.eval.embedding_points = 8
+  config = config_lib.with_defaults(config)
+  evals = evaluators.build(config)
   rng = np.random.default_rng(1)
 
   def splits():
@@ -82,12 +86,16 @@ def test_a_second_evaluation_of_the_same_shapes_builds_no_program():
         rng.integers(0, 5, n).astype(np.int32))
     return make(NUM), make(NUM - 5)
 
-  feature_fn = evaluate.make_feature_fn(None, mesh)
+  feature_fn = features.make_feature_fn(None, mesh)
+
+  def run():
+    env = evaluators.Env(config, None, mesh, *splits(), feature_fn)
+    return evaluators.run_final(evals, {}, env, baselines=True)
+
   with compilations.programs_built() as built:
-    first, _ = evaluate.evaluate_all(config, feature_fn, {}, *splits(), mesh)
+    first, _ = run()
     programs_first = len(built)
-    second, emb = evaluate.evaluate_all(config, feature_fn, {}, *splits(),
-                                        mesh)
+    second, emb = run()
   assert programs_first > 0               # the listener sees compilations
   assert len(built) == programs_first     # and the second call made none
   assert first['raw_pixels/linear_top1'] != second['raw_pixels/linear_top1'] \

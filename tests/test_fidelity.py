@@ -14,6 +14,8 @@ import numpy as np
 from configs import insdis as insdis_config
 from configs import jcl as jcl_config
 from configs import test as test_config
+from contrastive_jax import step as step_lib
+from contrastive_jax import runtime
 from contrastive_jax import losses
 from contrastive_jax import train
 
@@ -21,7 +23,7 @@ B, HW, N_DATA, K = 8, 8, 40, 6
 
 
 def _build(config):
-  return train.build(config, train.create_mesh(jax.devices()[:1]),
+  return step_lib.build(config, runtime.create_mesh(jax.devices()[:1]),
                      total_steps=10, steps_per_epoch=5, num_examples=N_DATA,
                      image_shape=(HW, HW, 1))
 
@@ -58,7 +60,7 @@ def _insdis_prepared():
   c.loss_kwargs = {'temperature': 0.1}
   c.augment.num_views = 1
   c.memory_bank.num_negatives = K
-  c.online.linear_probe = False
+  c.online.classifier = False
   setup = _build(c)
   state = setup.init_fn(jax.random.key(0))
   rng = np.random.default_rng(0)

@@ -44,7 +44,7 @@ def _data(seed, n):
 
 # Every training image flipped (flip_p = 1), no crop: the reference can
 # reproduce the augmentation exactly, and evaluation must not flip.
-CFG = linear_eval.ProbeConfig(
+CFG = linear_eval.LinearEvalConfig(
     optimizer='sgd', lr=0.3, epochs=3, batch_size=16, momentum=0.9,
     nesterov=True, weight_decay=1e-3, schedule='cosine',
     view=augment.ViewConfig(crop_scale=None, flip_p=1.0))

@@ -40,8 +40,8 @@ def _flags(folder, workdir, *extra):
           f'--config.dataset.data_dir={folder}',
           '--config.dataset.image_size=16', '--config.dataset.in_memory=False',
           '--config.model.encoder_kwargs.widths=(4,8)',
-          '--config.eval.baselines=False', '--config.online.knn_every_steps=0',
-          '--config.eval.linear_max_iter=5', *extra]
+          '--config.eval.baselines=False', '--config.evals.online_knn.every_steps=-1',
+          '--config.evals.linear.max_iter=5', *extra]
 
 
 def _checkpoint_dirs(workdir):
@@ -109,9 +109,9 @@ def test_what_a_person_sees(folder, tmp_path):
   out = subprocess.run(
       _flags(folder, tmp_path, '--progress=on', '--config.num_epochs=4',
              '--config.log_every_steps=1', '--config.eval.baselines=True',
-             '--config.online.knn_every_steps=16',
-             '--config.online.knn_bank_size=128',
-             '--config.online.knn_num_queries=64'),
+             '--config.evals.online_knn.every_steps=16',
+             '--config.evals.online_knn.bank_size=128',
+             '--config.evals.online_knn.num_queries=64'),
       cwd=REPO, capture_output=True, text=True, timeout=600,
       env=dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8'))
   assert out.returncode == 0, out.stderr[-2000:]
@@ -121,7 +121,7 @@ def test_what_a_person_sees(folder, tmp_path):
   for rep in ('raw_pixels', 'random_init', 'trained'):
     assert any(s.startswith(f'evaluating {rep}: 100%') for s in segments)
   # Log records are whole lines: a bar never cuts into one.
-  records = [s for s in segments if ' train.py:' in s or ' evaluate.py:' in s]
+  records = [s for s in segments if ' train.py:' in s or ' reporting.py:' in s or ' __init__.py:' in s]
   assert records and all(re.match(r'[IWE]\d{4} ', s) for s in records), records
   logged = [int(m.group(1)) for s in records
             for m in [re.search(r'\] step (\d+)/', s)] if m]
@@ -171,7 +171,7 @@ def test_what_a_person_sees(folder, tmp_path):
       # Unit vectors: 0 <= ||a - b||^2 <= 4, and -2 * 4 <= uniformity <= 0.
       assert 0 <= h['alignment'] <= 4 and -8 <= h['uniformity'] <= 0, h
       assert 0 <= h['online/linear_acc'] <= 1
-  assert [h['step'] for h in history if 'online/knn_top1@20' in h] == [16, 32]
+  assert [h['step'] for h in history if 'online/knn_weighted_top1@20' in h] == [16, 32]
   with open(tmp_path / 'summary.png', 'rb') as f:
     png = f.read()
   assert png[:8] == b'\x89PNG\r\n\x1a\n'

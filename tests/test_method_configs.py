@@ -35,8 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from contrastive_jax.methods import memory_bank
 from contrastive_jax import losses
-from contrastive_jax import state as state_lib
 from numpy_reference import f32_rtol
 import pinned_steps
 
@@ -106,7 +106,7 @@ def _independent_loss(config, setup, s0, batch, step_rng) -> float:
     mb, bank = config.memory_bank, np.asarray(s0.method_state.bank)
     n = pinned_steps.N_DATA
     if mb.noise == 'per_instance':
-      idx = state_lib.bank_noise_indices(
+      idx = memory_bank.bank_noise_indices(
           rng, batch=len(labels), num_negatives=mb.num_negatives,
           num_examples=n, num_rows=bank.shape[0], num_shards=8)
       inputs = losses.LossInputs(

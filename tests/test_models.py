@@ -8,6 +8,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from configs import base as base_config
 from contrastive_jax import models
 
 # Tiny widths so every forward pass compiles in seconds on CPU.
@@ -22,6 +23,16 @@ TINY = {
 TINY_FEATURES = {'small_cnn': 8, 'resnet18': 32, 'resnet50': 128,
                  'alexnet_small': 16}
 
+
+
+def _model_config(**model):
+  """configs/base.py's config with `model` fields replaced (encoder_kwargs
+  wholesale): create_model reads a complete config."""
+  config = base_config.get_config()
+  config.model.encoder_kwargs = ml_collections.ConfigDict(
+      model.pop('encoder_kwargs'))
+  config.model.update(model)
+  return config
 
 def _init(module, shape, seed=0):
   return module.init(jax.random.key(seed), jnp.zeros(shape), train=False)
@@ -196,9 +207,9 @@ def test_bfloat16_compute_keeps_float32_params_and_features(name):
 
 @pytest.mark.parametrize('name', sorted(TINY))
 def test_create_model_by_name(name):
-  config = ml_collections.ConfigDict({'model': {
+  config = _model_config(**{
       'encoder': name, 'encoder_kwargs': TINY[name], 'head_hidden_dim': 8,
-      'head_out_dim': 5, 'head_layers': 3}})
+      'head_out_dim': 5, 'head_layers': 3})
   model = models.create_model(config)
   variables = _init(model, (2, 28, 28, 1))
   out = model.apply(variables, jnp.ones((2, 28, 28, 1)), train=False)
@@ -263,10 +274,10 @@ def test_head_input_chooses_what_the_head_reads(head_input):
   # A one-layer head is x @ W + b, so the projection can be recomputed in
   # numpy from the map: its spatial mean ('pooled') or the flattened map that
   # `features` holds ('features').
-  config = ml_collections.ConfigDict({'model': {
+  config = _model_config(**{
       'encoder': 'small_cnn', 'head_input': head_input,
       'encoder_kwargs': {'widths': (4, 8), 'pool': 'none'},
-      'head_hidden_dim': 8, 'head_out_dim': 5, 'head_layers': 1}})
+      'head_hidden_dim': 8, 'head_out_dim': 5, 'head_layers': 1})
   model = models.create_model(config)
   x = jax.random.uniform(jax.random.key(4), (3, 28, 28, 1))
   variables = _init(model, x.shape)
@@ -282,9 +293,9 @@ def test_head_input_chooses_what_the_head_reads(head_input):
 
 
 def test_unknown_head_input_is_an_error_naming_the_choices():
-  config = ml_collections.ConfigDict({'model': {
+  config = _model_config(**{
       'encoder': 'small_cnn', 'head_input': 'flat',
       'encoder_kwargs': {'widths': (4, 8), 'pool': 'none'},
-      'head_hidden_dim': 8, 'head_out_dim': 5, 'head_layers': 1}})
+      'head_hidden_dim': 8, 'head_out_dim': 5, 'head_layers': 1})
   with pytest.raises(ValueError, match="head_input='flat'.*pooled, features"):
     models.create_model(config)

@@ -13,6 +13,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from contrastive_jax import step as step_lib
+from contrastive_jax import runtime
 from contrastive_jax import losses
 from contrastive_jax import train
 from input_pipeline import augment
@@ -23,8 +25,8 @@ B, HW, V = 8, 14, 4      # 2 global 14x14 crops + 2 local 6x6 crops.
 
 
 def _run(config):
-  mesh = train.create_mesh()
-  setup = train.build(config, mesh, total_steps=10, steps_per_epoch=5,
+  mesh = runtime.create_mesh()
+  setup = step_lib.build(config, mesh, total_steps=10, steps_per_epoch=5,
                       num_examples=64, image_shape=(HW, HW, 1))
   views_cfg = augment.build_views(config.augment.preset, V, ())
   images = (np.random.default_rng(0).random((B, HW, HW, 1)) * 255).astype(

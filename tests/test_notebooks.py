@@ -1,12 +1,16 @@
 """The notebooks (notebooks/*.ipynb) executed as a user runs them, in a fresh
 kernel, and what their cells computed checked against independent values.
 
-Each test appends one cell that prints the notebook's variables as JSON; the
-committed notebooks are checked to be their `.py` sources, executed.
+Each test appends one cell that prints the notebook's variables as JSON.
+The committed notebooks are checked, without executing anything, to be their
+`.py` sources executed by the current code: each records a hash of the code
+that produced it (notebooks/execute.py), which must be the current code's.
 """
 
+import hashlib
 import json
 import os
+import shutil
 import sys
 
 import jupytext
@@ -39,8 +43,20 @@ def test_losses_notebook():
       'table', 'decreasing', 'gradient_check', 'cacr_grad_matches',
       'cacr_similarity.tolist()', 'cacr_repulsion.tolist()',
       'cacr_attraction.tolist()', 'macl_m.tolist()', 'macl_tau',
-      'tcl_grad_norm', 'similarity.tolist()'])
+      'tcl_grad_norm', 'similarity.tolist()', 'own_loop', 'signal_weight',
+      'nuisance_weight', 'view_cosine'])
   assert _images(nb) == 4
+  assert sum('text/markdown' in o.get('data', {}) for c in nb.cells
+             for o in c.get('outputs', [])) == 5   # The tables.
+
+  # The plain JAX + optax loop learns the augmentation's invariance: the
+  # loss falls, views find their positive, and the encoder reads the
+  # identity coordinates, not the noisy ones.
+  first, last = v['own_loop'][0], v['own_loop'][-1]
+  assert last[1] < first[1] - 1.5 and last[3] >= 0.9 > first[3], v['own_loop']
+  assert v['signal_weight'] > 10 * v['nuisance_weight']
+  # The table's columns are in order of rising view alignment.
+  assert np.all(np.diff(v['view_cosine']) > 0)
 
   # Every registered loss was evaluated, jitted, and prefers better-aligned
   # views.
@@ -79,33 +95,39 @@ def test_losses_notebook():
 
 def test_train_then_checkpoint_notebooks(tmp_path):
   env = {'NOTEBOOK_WORKDIR': str(tmp_path)}
-  nb, v = _run('02_train', ['results', 'history'], env=env)
+  nb, v = _run('02_train', ['results', 'history', 'gap'], env=env)
   with open(tmp_path / 'results.json') as f:
     assert v['results'] == json.load(f)
   assert v['results']['steps'] == 128          # 2 epochs of 2048 / 32.
-  knn_steps = [h['step'] for h in v['history'] if 'online/knn_top1@20' in h]
-  assert knn_steps == [32, 64, 96, 128]
+  knn_steps = [h['step'] for h in v['history']
+               if 'online/knn_weighted_top1@20' in h]
+  assert knn_steps == list(range(16, 129, 16))
   assert _images(nb) == 2                      # The curves, summary.png.
   stderr = ''.join(o.get('text', '') for c in nb.cells
                    for o in c.get('outputs', []) if o.get('name') == 'stderr')
-  assert 'pretraining: 100%' in stderr and 'online/knn_top1@20' in stderr
+  assert 'pretraining: 100%' in stderr and 'online/knn_weighted_top1@20' in stderr
+  # The run visibly learns: the trained encoder's kNN beats its random
+  # initialisation's by several points (the notebook quotes the margin).
+  r = v['results']
+  assert v['gap'] == pytest.approx(100 * (
+      r['trained/knn_weighted_top1@20'] - r['random_init/knn_weighted_top1@20']))
+  assert v['gap'] > 4, v['gap']
 
-  # The checkpoint, restored in another kernel, gives the end-of-run kNN
-  # accuracy of the in-memory encoder again.
-  one_nn = ('(lambda q, qy, b, by: float(np.mean(by[np.argmax('
-            '(q / np.linalg.norm(q, axis=1, keepdims=True)) @ '
-            '(b / np.linalg.norm(b, axis=1, keepdims=True)).T, axis=1)] == qy'
-            ')))(*evaluate.first_rows(queries, 10 ** 9), bank_x, bank_y)')
+  # The checkpoint, restored in another kernel by load_encoder: the
+  # notebook's numpy kNN gives the end-of-run kNN accuracy of the in-memory
+  # encoder (the library's sharded kNN) again, as does evaluate_checkpoint.
   nb, w = _run('03_checkpoint', [
-      'step', '{k: float(x) for k, x in scores.items()}', one_nn,
-      'neighbour_agreement'], env=env)
-  assert w['step'] == 128
-  scores = w['{k: float(x) for k, x in scores.items()}']
-  assert scores['knn_weighted_top1@5'] == pytest.approx(
-      v['results']['trained/knn_weighted_top1@5'], abs=1.5 / 1024)
-  # k = 1: the kNN module's vote is the nearest neighbour's label, as a
-  # plain numpy cosine search over the bank finds it.
-  assert scores['knn_weighted_top1@1'] == pytest.approx(w[one_nn], abs=1e-9)
+      'step', 'knn_accuracy', 'K', 'evaluation', 'neighbour_agreement',
+      'bank_x.shape', 'query_x.shape'], env=env)
+  assert w['step'] == 128 and w['K'] == 20
+  # The flattened 14 x 14 x 16 map of the (8, 16)-channel CNN.
+  assert w['bank_x.shape'] == [2048, 3136]
+  assert w['query_x.shape'] == [1024, 3136]
+  assert w['knn_accuracy'] == pytest.approx(
+      r['trained/knn_weighted_top1@20'], abs=1.5 / 1024)
+  for key in ('trained/knn_weighted_top1@20', 'trained/linear_top1'):
+    assert w['evaluation'][key] == pytest.approx(r[key], abs=1.5 / 1024), key
+  assert (tmp_path / 'eval' / 'results.json').exists()
   assert _images(nb) == 1
   assert 0 <= w['neighbour_agreement'] <= 1
 
@@ -121,3 +143,66 @@ def test_committed_notebook_is_its_source_executed(name):
   code = [c for c in nb.cells if c.cell_type == 'code']
   assert all(c.execution_count for c in code)
   assert _images(nb) >= 1
+
+
+@pytest.mark.parametrize('name', execute.NOTEBOOKS)
+def test_committed_notebook_is_current(name):
+  """Fails when the library, configs or the notebook changed after the
+  committed outputs were produced (no execution: a hash comparison)."""
+  nb = nbformat.read(os.path.join(execute.HERE, name + '.ipynb'), 4)
+  recorded = execute.recorded_hash(nb)
+  assert recorded == execute.code_hash(name), (
+      f'notebooks/{name}.ipynb was produced by other code than the current '
+      f'one (contrastive_jax/, input_pipeline/, configs/ or its .py changed '
+      f'since): regenerate the notebooks with {execute.COMMAND} and commit '
+      'them.')
+
+
+def test_code_hash_covers_the_code(tmp_path):
+  """The hash of a copy of the repository's code moves with any .py under
+  contrastive_jax/, input_pipeline/, configs/ and the notebook's sources,
+  and with nothing else."""
+  for top in execute.CODE_DIRS + ('notebooks',):
+    shutil.copytree(os.path.join(execute.ROOT, top), tmp_path / top,
+                    ignore=shutil.ignore_patterns('*.ipynb', '__pycache__'))
+  # Independently: sha256 over each sorted path, length and content.
+  h = hashlib.sha256()
+  files = sorted(str(p.relative_to(tmp_path)).replace(os.sep, '/')
+                 for top in execute.CODE_DIRS
+                 for p in (tmp_path / top).rglob('*.py'))
+  files = sorted(files + ['notebooks/01_losses.py', 'notebooks/execute.py'])
+  for f in files:
+    data = (tmp_path / f).read_bytes()
+    for part in (f.encode(), str(len(data)).encode(), data):
+      h.update(part + b'\0')
+  assert execute.code_hash('01_losses', str(tmp_path)) == h.hexdigest()
+  assert execute.code_hash('01_losses', str(tmp_path)) == execute.code_hash(
+      '01_losses')
+
+  def hashes():
+    return {n: execute.code_hash(n, str(tmp_path)) for n in execute.NOTEBOOKS}
+
+  before = hashes()
+  (tmp_path / 'README.md').write_text('not code')
+  (tmp_path / 'contrastive_jax' / 'notes.txt').write_text('not code')
+  assert hashes() == before
+  for path in ('contrastive_jax/evaluators/knn.py', 'input_pipeline/augment.py',
+               'configs/test.py'):
+    with open(tmp_path / path, 'a') as f:
+      f.write('# a change\n')
+    after = hashes()
+    assert all(after[n] != before[n] for n in before), path
+    before = after
+  # A new module counts too.
+  (tmp_path / 'configs' / 'new.py').write_text('')
+  after = hashes()
+  assert all(after[n] != before[n] for n in before)
+  before = after
+  # A notebook's source moves its own hash and those of the notebooks that
+  # read its outputs only.
+  with open(tmp_path / 'notebooks' / '02_train.py', 'a') as f:
+    f.write('\n')
+  after = hashes()
+  assert after['01_losses'] == before['01_losses']
+  assert after['02_train'] != before['02_train']
+  assert after['03_checkpoint'] != before['03_checkpoint']

@@ -9,6 +9,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from configs import test as test_config
+from contrastive_jax import step as step_lib
+from contrastive_jax import runtime
 from contrastive_jax import train
 from numpy_reference import f32_rtol
 import synthetic_data
@@ -20,9 +22,9 @@ def _step_fns(probe: bool):
   config = test_config.get_config()
   config.model.encoder_kwargs.widths = (4, 8)
   config.batch_size = B
-  config.online.linear_probe = probe
-  mesh = train.create_mesh()
-  setup = train.build(config, mesh, total_steps=10, steps_per_epoch=5,
+  config.online.classifier = probe
+  mesh = runtime.create_mesh()
+  setup = step_lib.build(config, mesh, total_steps=10, steps_per_epoch=5,
                       num_examples=80, image_shape=(HW, HW, 1),
                       num_classes=CLASSES)
   return mesh, setup.init_fn, setup.step_fn
@@ -45,7 +47,7 @@ def test_probe_trains_itself_and_leaves_the_encoder_untouched():
       state, metrics = step_fn(state, _batch(mesh, step), jax.random.key(1))
     runs[probe] = (jax.device_get(state), jax.device_get(metrics))
   (off, m_off), (on, m_on) = runs[False], runs[True]
-  assert off.probe_params is None and 'online/linear_acc' not in m_off
+  assert off.classifier_params is None and 'online/linear_acc' not in m_off
   # Stop-gradient: the encoder, head, BN statistics and optimizer state
   # evolve exactly as without the monitor (only XLA fusion may differ, which
   # reorders float32 sums over B * HW * HW positions in each of the 3 steps:
@@ -59,29 +61,29 @@ def test_probe_trains_itself_and_leaves_the_encoder_untouched():
         a, b, rtol=tol, atol=tol * float(np.max(np.abs(b), initial=0.))),
                  getattr(off, name), getattr(on, name))
   np.testing.assert_allclose(m_on['loss'], m_off['loss'], rtol=tol)
-  assert np.any(on.probe_params['w'] != 0)     # It did learn something.
+  assert np.any(on.classifier_params['w'] != 0)     # It did learn something.
   assert 0. <= m_on['online/linear_acc'] <= 1.
   assert np.isfinite(m_on['online/linear_loss'])
 
 
 def test_online_monitors_are_logged_and_reported(tmp_path):
   config = test_config.get_config()           # 256 / 32 = 8 steps.
-  config.online.linear_probe = True
-  config.online.knn_every_steps = 4
-  config.online.knn_k = 5
-  config.online.knn_bank_size = 128
-  config.online.knn_num_queries = 32
+  config.online.classifier = True
+  config.evals.online_knn.every_steps = 4
+  config.evals.online_knn.ks = (5,)
+  config.evals.online_knn.bank_size = 128
+  config.evals.online_knn.num_queries = 32
   config.eval.baselines = False
   data = (synthetic_data.stripes_and_brightness(256, 0),
           synthetic_data.stripes_and_brightness(64, 1))
   results = train.train_and_evaluate(config, str(tmp_path), data=data)
   with open(os.path.join(tmp_path, 'history.json')) as f:
     history = json.load(f)
-  knn_steps = [h['step'] for h in history if 'online/knn_top1@5' in h]
+  knn_steps = [h['step'] for h in history if 'online/knn_weighted_top1@5' in h]
   assert knn_steps == [4, 8]
   probe_steps = [h['step'] for h in history if 'online/linear_acc' in h]
   assert probe_steps == [2, 4, 6, 8]
-  assert 0. <= results['online/knn_top1@5'] <= 1.
+  assert 0. <= results['online/knn_weighted_top1@5'] <= 1.
   assert 0. <= results['online/linear_acc'] <= 1.
   # The final (offline) evaluation keeps its own, unprefixed names.
   assert 'trained/knn_weighted_top1@5' in results

@@ -22,7 +22,12 @@ import pytest
 
 import configs.papers
 from configs.papers import common
+from contrastive_jax import step as step_lib
+from contrastive_jax import runtime
+from contrastive_jax import optim
+from contrastive_jax import config_lib
 from contrastive_jax import train
+from contrastive_jax import workdir as workdir_lib
 from synthetic_data import make_jpeg_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,14 +56,14 @@ def test_config_validates_documents_and_builds_the_paper_encoder(method,
                                                                  scale):
   module = _load(method)
   config = module.get_config(scale)
-  train.validate_config(config, num_devices=16)
+  config_lib.validate(config, num_devices=16)
   doc = module.__doc__
   # The launch command of this scale, and a published number as the paper's.
   assert f'--config=configs/papers/{method}.py:{scale}' in doc
   assert 'Paper:' in doc and '%' in doc
   expected_name = 'imagenet2012' if scale == 'imagenet' else scale
   assert config.dataset.name == expected_name
-  model = train.create_model(config)
+  model = step_lib.create_model(config)
   side = 224 if scale == 'imagenet' else 32
   variables = jax.eval_shape(lambda: model.init(
       jax.random.key(0), jnp.zeros((2, side, side, 3)), train=False))
@@ -90,9 +95,9 @@ CUT = {
     'dataset.in_memory': False, 'batch_size': 32, 'num_epochs': 1.0,
     'model.encoder_kwargs.stage_sizes': (1, 1, 1, 1),
     'model.encoder_kwargs.width': 8, 'model.head_hidden_dim': 32,
-    'model.head_out_dim': 16, 'eval.batch_size': 32, 'eval.knn_ks': (10,),
-    'eval.linear_max_iter': 0, 'eval.linear_eval_epochs': 1,
-    'eval.linear_eval_batch_size': 32, 'online.knn_every_steps': 0,
+    'model.head_out_dim': 16, 'eval.batch_size': 32, 'evals.knn.ks': (10,),
+    'evals.linear.every_steps': -1, 'evals.linear_eval.epochs': 1,
+    'evals.linear_eval.batch_size': 32, 'evals.online_knn.every_steps': -1,
     'log_every_steps': 1,
 }
 
@@ -151,8 +156,8 @@ def test_runs_two_steps_on_16_devices_through_main(method, scale, folder,
   assert 0. <= results['trained/knn_weighted_top1@10'] <= 1.
   # What ran is the paper config, changed only where the flags cut sizes.
   with open(os.path.join(workdir, 'config.json')) as f:
-    ran = train._flatten(json.load(f))
-  want = train._flatten(json.loads(_load(method).get_config(
+    ran = workdir_lib._flatten(json.load(f))
+  want = workdir_lib._flatten(json.loads(_load(method).get_config(
       scale).to_json_best_effort()))
   changed = {k for k in set(ran) | set(want) if ran.get(k) != want.get(k)}
   tuples = {k for k in changed if isinstance(want.get(k), (list, tuple))
@@ -164,8 +169,9 @@ _LOWER = r"""
 import importlib, json, sys
 import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
-from contrastive_jax import train
-mesh = train.create_mesh()
+from contrastive_jax import runtime
+from contrastive_jax import step as step_lib
+mesh = runtime.create_mesh()
 rows = NamedSharding(mesh, P('data'))
 for method, scale in json.loads(sys.argv[1]):
   c = importlib.import_module(f'configs.papers.{method}').get_config(scale)
@@ -173,7 +179,7 @@ for method, scale in json.loads(sys.argv[1]):
   if c.moco.queue_size:
     c.moco.queue_size = 4 * c.batch_size         # Whole batches.
   side = 224 if scale == 'imagenet' else 32
-  setup = train.build(c, mesh, total_steps=10, steps_per_epoch=5,
+  setup = step_lib.build(c, mesh, total_steps=10, steps_per_epoch=5,
                       num_examples=1000, image_shape=(side, side, 3),
                       num_classes=10)
   state = jax.tree.map(
@@ -222,13 +228,13 @@ def test_resnet_configs_outside_papers_build_and_lower():
   resnets = [n for n in names if importlib.import_module(
       f'configs.{n}').get_config().model.encoder != 'small_cnn']
   assert 'simclr_resnet18_fmnist' in resnets
-  mesh = train.create_mesh()
+  mesh = runtime.create_mesh()
   rows = NamedSharding(mesh, P('data'))
   for name in resnets:
     c = importlib.import_module(f'configs.{name}').get_config()
-    train.validate_config(c)
+    config_lib.validate(c)
     c.batch_size = 2 * mesh.size
-    setup = train.build(c, mesh, total_steps=10, steps_per_epoch=5,
+    setup = step_lib.build(c, mesh, total_steps=10, steps_per_epoch=5,
                         num_examples=1000, image_shape=(28, 28, 1),
                         num_classes=10)
     state = jax.tree.map(
@@ -253,7 +259,7 @@ def test_supcon_cifar_warms_up_10_epochs_from_0_01(scale):
   c = _load('supcon').get_config(scale)
   steps_per_epoch = 50
   total = int(c.num_epochs) * steps_per_epoch
-  lr = train.learning_rate_schedule(c, total_steps=total)
+  lr = optim.learning_rate_schedule(c, total_steps=total)
   assert float(lr(0)) == pytest.approx(0.01)
   assert float(lr(5 * steps_per_epoch)) == pytest.approx((0.01 + 0.5) / 2)
   assert float(lr(10 * steps_per_epoch)) == pytest.approx(0.5)

@@ -16,6 +16,9 @@ from jax.sharding import PartitionSpec as P
 
 from configs import base
 from configs import moco_v3
+from contrastive_jax import step as step_lib
+from contrastive_jax import runtime
+from contrastive_jax import optim
 from contrastive_jax import models
 from contrastive_jax import train
 from numpy_reference import f32_rtol
@@ -31,7 +34,7 @@ def _batch(mesh, views):
 
 
 def _setup(config, mesh, channels):
-  return train.build(config, mesh, total_steps=10, steps_per_epoch=5,
+  return step_lib.build(config, mesh, total_steps=10, steps_per_epoch=5,
                      num_examples=64, image_shape=(HW, HW, channels),
                      num_classes=4)
 
@@ -43,12 +46,12 @@ def test_step_schedule_decays_at_the_configured_epochs():
   config.optimizer.decay_epochs = (120, 160)
   config.optimizer.base_learning_rate = 0.03
   config.optimizer.warmup_fraction = 0.
-  lr = train.learning_rate_schedule(config, total_steps=2000)  # 10 per epoch
+  lr = optim.learning_rate_schedule(config, total_steps=2000)  # 10 per epoch
   got = [float(lr(s)) for s in (0, 1199, 1200, 1599, 1600, 1999)]
   assert got == pytest.approx([0.03, 0.03, 0.003, 0.003, 3e-4, 3e-4])
   # With a warmup: linear from 0, then the same steps at the same epochs.
   config.optimizer.warmup_fraction = 0.05
-  lr = train.learning_rate_schedule(config, total_steps=2000)
+  lr = optim.learning_rate_schedule(config, total_steps=2000)
   got = [float(lr(s)) for s in (0, 50, 100, 1199, 1200, 1600)]
   assert got == pytest.approx([0., 0.015, 0.03, 0.03, 0.003, 3e-4])
 
@@ -80,7 +83,7 @@ def _resnet_config(dtype):
 
 
 def test_bfloat16_step_agrees_with_float32_and_keeps_float32_state():
-  mesh = train.create_mesh()
+  mesh = runtime.create_mesh()
   views = np.random.default_rng(0).random((B, 2, HW, HW, 3), np.float32)
   out = {}
   for dtype in ('float32', 'bfloat16'):
@@ -130,8 +133,8 @@ def test_moco_v3_queries_are_predictions_and_keys_ema_projections():
   config.model.head_hidden_dim, config.model.head_out_dim = 16, 8
   config.moco.predictor_hidden_dim = 12
   config.batch_size = B
-  config.online.linear_probe = False
-  mesh = train.create_mesh()
+  config.online.classifier = False
+  mesh = runtime.create_mesh()
   setup = _setup(config, mesh, channels=1)
   assert setup.method.embedding == 'prediction'
   state = setup.init_fn(jax.random.key(0))
@@ -170,9 +173,9 @@ def test_schedules_of_runs_without_training_steps(warmup_fraction):
   config = base.get_config()
   config.optimizer.warmup_fraction = warmup_fraction
   for total in (0, 1):
-    assert np.isfinite(float(train.learning_rate_schedule(config, total)(0)))
+    assert np.isfinite(float(optim.learning_rate_schedule(config, total)(0)))
   peak = config.optimizer.base_learning_rate * config.batch_size / 256
-  lr = train.learning_rate_schedule(config, 100)
+  lr = optim.learning_rate_schedule(config, 100)
   warmup = int(warmup_fraction * 100)
   for t in (10, 50, 99):
     want = peak * 0.5 * (1 + np.cos(np.pi * (t - warmup) / (100 - warmup)))
@@ -202,7 +205,7 @@ def test_lars_trust_coefficient_is_the_configured_one():
   # optax's LARS: rate lr * eta * ||w|| / ||g + wd w|| for every matrix.
   params, grads = _lars_params_and_grads()
   wd, eta, lr = 1e-2, 0.02, 0.3
-  opt = train.create_optimizer(
+  opt = optim.create_optimizer(
       _lars_config(weight_decay=wd, momentum=0., trust_coefficient=eta),
       lambda step: lr)
   got, _ = opt.update(grads, opt.init(params), params)
@@ -225,7 +228,7 @@ def test_clipped_lars_rate_is_solo_learns_per_layer_rule():
                                                        'head'))
   lr0 = float(np.sqrt(ratios[0] * ratios[1]))   # Caps some layers...
   schedule = lambda step: lr0 * 1e-3 ** step     # ...then every layer.
-  opt = train.create_optimizer(
+  opt = optim.create_optimizer(
       _lars_config(weight_decay=wd, momentum=m, trust_coefficient=eta,
                    clip_lr=True), schedule)
   state, w_got = opt.init(params), dict(params)
@@ -265,7 +268,7 @@ def test_warmup_rises_linearly_from_its_initial_lr(schedule):
   config.optimizer.warmup_fraction = 0.05
   config.optimizer.warmup_init_lr = 0.01
   total, warmup, a, peak = 2000, 100, 0.01, 0.5
-  lr = train.learning_rate_schedule(config, total_steps=total)
+  lr = optim.learning_rate_schedule(config, total_steps=total)
   for t in (0, 1, 37, 99):
     assert float(lr(t)) == pytest.approx(a + (peak - a) * t / warmup,
                                          rel=1e-6)

@@ -1,6 +1,6 @@
 """The MoCo queue stays sharded by rows: never all-gathered, same numbers.
 
-(a) The real 8-device step (`train.build`) of every loss fed by a
+(a) The real 8-device step (`step_lib.build`) of every loss fed by a
     queue (InfoNCE / MoCo v2, CACR-MoCo, JCL) is compiled and its HLO is
     searched for collectives that carry the queue: an all-gather whose result
     is the whole [Q, D] queue, or any collective with a Q-long axis (e.g. the
@@ -28,8 +28,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from benchmarks import queue_comm
+from contrastive_jax import step as step_lib
+from contrastive_jax import runtime
+from contrastive_jax.methods import moco
+from contrastive_jax.methods import memory_bank
+from contrastive_jax import config_lib
 from contrastive_jax import losses
-from contrastive_jax import state as state_lib
 from contrastive_jax import train
 from tiny_step import build_step
 from tiny_step import tiny_config
@@ -61,7 +65,7 @@ def _config(loss):
     c.memory_bank.num_negatives = 256
   else:
     raise ValueError(loss)
-  train.validate_config(c)
+  config_lib.validate(c)
   return c
 
 
@@ -72,7 +76,7 @@ def _build(config, mesh):
 
 def _step_hlo(config) -> str:
   """The compiled HLO text of the 8-device train step of `config`."""
-  mesh = train.create_mesh()
+  mesh = runtime.create_mesh()
   assert mesh.size == 8
   init_fn, step_fn = _build(config, mesh)
   state = jax.eval_shape(init_fn, jax.random.key(0))
@@ -119,10 +123,10 @@ def test_the_check_finds_a_gathered_queue(variant, monkeypatch):
   # The inspection above must be able to fail: in these variants the queue is
   # all-gathered whole, and the same search finds it.
   if variant == 'dynamic_update_slice_enqueue':
-    monkeypatch.setattr(state_lib, 'enqueue', queue_comm.gathered_enqueue)
+    monkeypatch.setattr(moco, 'enqueue', queue_comm.gathered_enqueue)
   else:
     monkeypatch.setattr(losses, 'get_loss',
-                        _replicated_queue_loss(train.create_mesh()))
+                        _replicated_queue_loss(runtime.create_mesh()))
   hlo = _step_hlo(_config('infonce'))
   gathers = queue_comm.gathers_of(hlo, (Q, D))
   assert gathers, 'the deliberately gathered variant has no [Q, D] all-gather'
@@ -146,14 +150,14 @@ def test_memory_bank_step_does_not_gather_the_bank(loss):
     config.loss, config.loss_kwargs = 'cmc', {'temperature': 0.1}
     config.augment.num_views = 2
     config.memory_bank.noise = 'shared'
-    train.validate_config(config)
+    config_lib.validate(config)
   assert _bank_traffic(_step_hlo(config)) == []
 
 
 def test_the_check_finds_a_gathered_bank(monkeypatch):
   # The inspection above must be able to fail: the InsDis noise read as
   # bank[ids] with global [B, K] ids (before issue 11) gathers the bank.
-  monkeypatch.setattr(state_lib, 'sample_bank_noise',
+  monkeypatch.setattr(memory_bank, 'sample_bank_noise',
                       queue_comm.gathered_bank_noise)
   hlo = _step_hlo(_config('insdis'))
   assert queue_comm.gathers_of(hlo, (N_DATA, D))
@@ -212,7 +216,7 @@ def test_sharded_queue_loss_and_grad_equal_the_unsharded(loss):
                              for x in (query, key, queue)))
   # Sharded as in the train step: instances over 'data', queue rows over
   # 'data'. Its HLO moves no queue-sized data (so it is the local-logit path).
-  mesh = train.create_mesh()
+  mesh = runtime.create_mesh()
   data = NamedSharding(mesh, P('data'))
   rows = NamedSharding(mesh, P('data', None))
   f8 = jax.jit(f, in_shardings=(data, data, rows))
@@ -260,19 +264,19 @@ def test_step_without_a_mesh_equals_the_one_device_mesh_step():
   # scatter enqueue; both are the same single-device program.
   config = _config('infonce')
   config.moco.shuffle_bn = False          # Shuffle-BN needs a mesh.
-  mesh1 = train.create_mesh(jax.devices()[:1])
-  setup = train.build(config, mesh1, total_steps=TOTAL, steps_per_epoch=2,
+  mesh1 = runtime.create_mesh(jax.devices()[:1])
+  setup = step_lib.build(config, mesh1, total_steps=TOTAL, steps_per_epoch=2,
                       num_examples=N_DATA, image_shape=(HW, HW, 1))
   plain = jax.jit(functools.partial(
-      train.train_step, model=setup.model, tx=setup.tx, method=setup.method,
-      loss=setup.loss, probe=setup.probe, mesh=None))
+      step_lib.train_step, model=setup.model, tx=setup.tx, method=setup.method,
+      loss=setup.loss, classifier=setup.classifier, mesh=None))
   rng = np.random.default_rng(0)
   batch = {'views': (rng.random((B, 2, HW, HW, 1), np.float32),),
            'label': np.zeros(B, np.int32),
            'index': np.arange(B, dtype=np.int32)}
-  s_plain = jax.device_get(train.create_train_state(
+  s_plain = jax.device_get(step_lib.create_train_state(
       jax.random.key(0), model=setup.model, tx=setup.tx,
-      image_shape=(HW, HW, 1), method=setup.method, probe=setup.probe))
+      image_shape=(HW, HW, 1), method=setup.method, classifier=setup.classifier))
   s_mesh = setup.init_fn(jax.random.key(0))
   for step in range(2):
     s_plain, m_plain = plain(s_plain, batch, jax.random.key(3))

@@ -93,9 +93,11 @@ def hyperparameters(config) -> dict:
       'loss.scale': config.get('loss_scale', 1.0),
       'augment.num_views': config.augment.num_views,
       'dataset.image_size': config.dataset.image_size or 32,
-      'eval.knn_k': _plain(config.eval.knn_ks),
-      'eval.knn_temperature': config.eval.knn_temperature,
-      'eval.linear_eval': config.eval.linear_eval,
+      'evals.knn.ks': _plain(config.evals.knn.ks),
+      'evals.knn.temperature': config.evals.knn.temperature,
+      'evals.linear_eval.preset': (config.evals.linear_eval.preset
+                                   if config.evals.linear_eval.every_steps >= 0
+                                   else ''),
   }
   if model.head_layers > 1:
     h['head.hidden_dim'] = model.head_hidden_dim
@@ -149,10 +151,10 @@ def hyperparameters(config) -> dict:
         'train_crop_source', 'center_square')
     h['dataset.eval_crop_fraction'] = config.dataset.get(
         'eval_crop_fraction', 1.0)
-  if config.eval.linear_eval:
-    probe = linear_eval.get_config(
-        config.eval.linear_eval, epochs=config.eval.linear_eval_epochs,
-        batch_size=config.eval.linear_eval_batch_size)
+  entry = config.evals.linear_eval
+  if entry.every_steps >= 0 and entry.preset:
+    probe = linear_eval.get_config(entry.preset, epochs=entry.epochs,
+                                   batch_size=entry.batch_size)
     h.update({
         'linear_eval.optimizer': probe.optimizer,
         'linear_eval.lr': round(probe.lr, 8),

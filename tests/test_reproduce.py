@@ -12,6 +12,8 @@ import sys
 import numpy as np
 import pytest
 
+from contrastive_jax import config_lib
+
 from benchmarks import reproduce
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -137,7 +139,9 @@ def test_runs_naming_configs_default_train_configs_base():
     args = r.command_args()
     assert args[0] == '--config=configs/default.py'
     via_default = _parse_flags([f'--config={configs}/default.py'] + args[1:])
-    via_base = _parse_flags([f'--config={configs}/base.py'] + r.args()[1:])
+    via_base = _parse_flags([f'--config={configs}/base.py'] + [
+        f'--config.{k}={reproduce._flag_value(v)}'  # pylint: disable=protected-access
+        for k, v in reproduce.current_options(r.overrides)])
     assert via_default.to_dict() == via_base.to_dict(), r.run_id
 
 
@@ -149,20 +153,20 @@ def test_train_examples_follow_cacr_rules():
 
 def test_every_study_config_passes_validation():
   import importlib
-  from contrastive_jax import train
   for r in reproduce.plan():
     if r.seed:
       continue
     config = importlib.import_module(f'configs.{r.config}').get_config()
     pins = {k: v for k, v in reproduce.PINNED.items()
             if k not in dict(r.overrides)}
-    for key, value in list(r.overrides) + list(pins.items()):
+    for key, value in reproduce.current_options(
+        list(r.overrides) + list(pins.items())):
       node = config
       *path, leaf = key.split('.')
       for p in path:
         node = node[p]
       node[leaf] = value
-    train.validate_config(config, num_devices=8)
+    config_lib.validate(config, num_devices=8)
 
 
 # ------------------------------------------------------------ statistics ---
@@ -585,17 +589,16 @@ def test_study_v2_plan():
       assert steps == (390 if r.stage == 'tune' else 780), r.run_id
   # Equal query views: MoCo v2 embeds both views as queries, as CACR-MoCo.
   import importlib  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
   for r in final[:len(study_v2.ARMS) + 1] + study_v2.imbalance_runs(
       4, chosen)[:4] + pilot:
     config = importlib.import_module(f'configs.{r.config}').get_config()
-    for key, value in r.overrides:
+    for key, value in reproduce.current_options(r.overrides):
       node = config
       *path, leaf = key.split('.')
       for p in path:
         node = node[p]
       node[leaf] = value
-    train.validate_config(config, num_devices=8)
+    config_lib.validate(config, num_devices=8)
     if r.arm in ('moco_v2', 'cacr_moco'):
       assert tuple(config.moco.query_views) == (0, 1), r.run_id
     if r.arm != 'baselines':

@@ -42,14 +42,16 @@ def test_warns_when_the_backend_started_first():
   env = {k: v for k, v in os.environ.items() if k != 'PJRT_NPROC'}
   env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
   proc = subprocess.run(
-      [sys.executable, '-c', 'import jax; jax.devices(); import contrastive_jax'],
+      [sys.executable, '-c', 'import jax; jax.devices(); '
+       'from contrastive_jax import runtime; runtime.size_cpu_thread_pools()'],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-2000:]
-  assert 'Import contrastive_jax before using jax' in proc.stderr
+  assert 'Call it before using jax' in proc.stderr
   proc = subprocess.run(
-      [sys.executable, '-c', 'import contrastive_jax, jax; jax.devices()'],
+      [sys.executable, '-c', 'from contrastive_jax import runtime; '
+       'runtime.size_cpu_thread_pools(); import jax; jax.devices()'],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-  assert 'Import contrastive_jax before using jax' not in proc.stderr
+  assert 'Call it before using jax' not in proc.stderr
 
 
 # A collective program dispatched again and again with no data dependency
@@ -58,7 +60,8 @@ def test_warns_when_the_backend_started_first():
 # threads) this deadlocked in every run on the 2-core machine, 8 devices;
 # XLA then aborts after the terminate timeout.
 _PROGRAM = textwrap.dedent('''
-    import contrastive_jax  # sizes the pools: before the backend starts
+    from contrastive_jax import runtime
+    runtime.size_cpu_thread_pools()  # before the backend starts
     import jax, jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
     mesh = jax.make_mesh((8,), ('d',),

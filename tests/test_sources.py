@@ -18,6 +18,7 @@ from ml_collections import config_dict
 from PIL import Image
 
 from configs import test as test_config
+from contrastive_jax import data as data_lib
 from contrastive_jax import train
 from input_pipeline import datasets
 from input_pipeline import pipeline
@@ -298,7 +299,7 @@ def test_every_split_labels_a_class_alike_and_differences_are_logged(
   for src in streamed:
     np.testing.assert_array_equal(src.labels,
                                   _expected_labels(src, ['a', 'b', 'c']))
-  train_data, test_data = train.load_data(
+  train_data, test_data = data_lib.load(
       _folder_config(tmp_path / 'one', in_memory))
   np.testing.assert_array_equal(test_data.labels, [0] * 3 + [2] * 3)
   assert train_data.num_classes == test_data.num_classes == 3
@@ -310,7 +311,7 @@ def test_every_split_labels_a_class_alike_and_differences_are_logged(
   caplog.clear()
   make_colour_folder(str(tmp_path / 'two'), {'train': dict(a=4, b=4, c=4),
                                              'test': dict(a=3, d=2)})
-  train_data, test_data = train.load_data(
+  train_data, test_data = data_lib.load(
       _folder_config(tmp_path / 'two', in_memory))
   np.testing.assert_array_equal(test_data.labels, [0] * 3 + [3] * 2)
   assert train_data.num_classes == 4 and train_data.classes == tuple('abcd')
@@ -454,15 +455,15 @@ def test_resumed_batches_equal_uninterrupted_ones_with_bad_records(
 def test_verify_refuses_before_training_listing_every_bad_file(tmp_path):
   bad = _bad_folder(tmp_path)
   # Streamed without verify: nothing is decoded yet, so nothing is found.
-  train_data, _ = train.load_data(_folder_config(
+  train_data, _ = data_lib.load(_folder_config(
       tmp_path, in_memory=False, max_bad_fraction=0.))
   assert not train_data.skipped
   with pytest.raises(ValueError, match="training split 'train' cannot be "
                      'decoded') as e:
-    train.load_data(_folder_config(tmp_path, in_memory=False, verify=True))
+    data_lib.load(_folder_config(tmp_path, in_memory=False, verify=True))
   assert all(p in str(e.value) for p in bad)
   # Within the allowed fraction: the run goes on, every bad file known.
-  train_data, _ = train.load_data(_folder_config(
+  train_data, _ = data_lib.load(_folder_config(
       tmp_path, in_memory=False, verify=True, max_bad_fraction=0.25))
   assert sorted(train_data.skipped.values())[0].startswith(sorted(bad)[0])
   assert len(train_data.skipped) == 3
@@ -472,18 +473,19 @@ def test_a_runs_stored_class_list_keeps_its_ids(tmp_path):
   make_colour_folder(str(tmp_path), {'train': dict(b=3, c=3),
                                      'test': dict(b=2, c=2)})
   # The run started with a, b, c; a's folders are gone since: c stays 2.
-  train_data, test_data = train.load_data(_folder_config(tmp_path),
+  train_data, test_data = data_lib.load(_folder_config(tmp_path),
                                           classes=('a', 'b', 'c'))
   np.testing.assert_array_equal(test_data.labels, [1, 1, 2, 2])
   assert train_data.num_classes == 3
   (tmp_path / 'test' / 'e').mkdir()
   with pytest.raises(ValueError, match=r"class folders \['e'\].*classes.json"):
-    train.load_data(_folder_config(tmp_path), classes=('a', 'b', 'c'))
+    data_lib.load(_folder_config(tmp_path), classes=('a', 'b', 'c'))
 
 
 _PROCESS_SCRIPT = '''
 import json, sys
-from contrastive_jax import runtime, train
+from contrastive_jax import runtime
+from contrastive_jax import data as data_lib
 runtime.initialize_distributed()
 from configs import test as test_config
 config = test_config.get_config()
@@ -492,7 +494,7 @@ config.dataset.update(dict(
     train_split='train', eval_split='test', in_memory=False, verify=True,
     max_bad_fraction=0.5))
 try:
-  tr, te = train.load_data(config)
+  tr, te = data_lib.load(config)
   print('RESULT ' + json.dumps({'classes': tr.classes,
                                 'train': tr.labels.tolist(),
                                 'test': te.labels.tolist(),
@@ -503,7 +505,7 @@ except ValueError as e:
 
 
 def _two_processes(data_dirs):
-  """Runs `train.load_data` as 2 joined processes, one data_dir each."""
+  """Runs `data_lib.load` as 2 joined processes, one data_dir each."""
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   with socket.socket() as s:
     s.bind(('localhost', 0))

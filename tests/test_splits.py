@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 from configs import default as default_config
+from contrastive_jax import data as data_lib
+from contrastive_jax import config_lib
 from contrastive_jax import train
 from input_pipeline import imbalance
 from input_pipeline import pipeline
@@ -139,15 +141,15 @@ def test_defaults_change_nothing():
 
 def test_load_data_wires_the_options(monkeypatch):
   data, test = _dataset([60] * 3), _dataset([10] * 3, seed=1)
-  monkeypatch.setattr(train.sources, 'open_split',
+  monkeypatch.setattr(data_lib.sources, 'open_split',
                       lambda ds, split, classes: {'train': data,
                                                   'test': test}[split])
   config = default_config.get_config()
   config.dataset.validation_size = 30
-  train_part, ev = train.load_data(config)
+  train_part, ev = data_lib.load(config)
   assert ev is test and train_part.num_examples == 150
   config.eval.split = 'validation'
-  train_part, ev = train.load_data(config)
+  train_part, ev = data_lib.load(config)
   assert ev.num_examples == 30 and train_part.num_examples == 150
   assert not set(_ids(ev)) & set(_ids(train_part))
 
@@ -165,7 +167,7 @@ def test_bad_values_fail_early(field, value, match):
   section, name = field.split('.')
   config[section][name] = value
   with pytest.raises(ValueError, match=match):
-    train.validate_config(config, num_devices=8)
+    config_lib.validate(config, num_devices=8)
 
 
 def test_lock_config_overrides_work():
@@ -174,7 +176,7 @@ def test_lock_config_overrides_work():
   config.dataset.validation_size = 10000
   config.dataset.imbalance = 'exponential'
   config.eval.split = 'validation'
-  train.validate_config(config, num_devices=8)
+  config_lib.validate(config, num_devices=8)
   with pytest.raises(AttributeError):
     config.dataset.validation_sizes = 1
   assert isinstance(config, ml_collections.ConfigDict)

@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from contrastive_jax.methods import moco
+from contrastive_jax.methods import memory_bank
 from contrastive_jax import schedules
-from contrastive_jax import state as state_lib
 from numpy_reference import f32_rtol
 
 
@@ -25,7 +26,7 @@ def _tree(seed):
 @pytest.mark.parametrize('m', [0., 0.25, 0.9, 1.])
 def test_ema_update_is_the_convex_combination(m):
   target, online = _tree(0), _tree(1)
-  out = state_lib.ema_update(target, online, m)
+  out = moco.ema_update(target, online, m)
   for path in (('conv', 'kernel'), ('bn', 'scale')):
     t, o = target[path[0]][path[1]], online[path[0]][path[1]]
     got = np.asarray(out[path[0]][path[1]])
@@ -47,7 +48,7 @@ def test_ema_update_passes_no_gradient_to_the_online_params():
   target, online = _tree(0), _tree(1)
   grad = jax.grad(lambda o: sum(
       jnp.sum(x) for x in jax.tree.leaves(
-          state_lib.ema_update(target, o, 0.5))))(online)
+          moco.ema_update(target, o, 0.5))))(online)
   for g in jax.tree.leaves(grad):
     np.testing.assert_array_equal(g, 0.)
 
@@ -81,13 +82,13 @@ def test_epoch_ramp():
 
 def test_queue_wraps_like_a_numpy_ring_buffer():
   q_size, b, d = 12, 4, 3
-  queue = state_lib.init_queue(jax.random.key(0), q_size, d)
+  queue = moco.init_queue(jax.random.key(0), q_size, d)
   # Normalised and measured with float32 sums of d = 3 squares and a rsqrt.
   np.testing.assert_allclose(np.linalg.norm(queue, axis=1), 1.,
                              rtol=f32_rtol(d))
   ref, ref_ptr = np.asarray(queue).copy(), 0
   ptr = jnp.zeros((), jnp.int32)
-  enqueue = jax.jit(state_lib.enqueue)
+  enqueue = jax.jit(moco.enqueue)
   rng = np.random.default_rng(0)
   for step in range(7):                 # 7 * 4 = 28 rows: wraps twice.
     keys = rng.normal(size=(b, d)).astype(np.float32)
@@ -101,11 +102,11 @@ def test_queue_wraps_like_a_numpy_ring_buffer():
 
 
 def test_bank_update_moves_only_the_batch_rows():
-  bank = state_lib.init_bank(jax.random.key(1), 10, 4)
+  bank = memory_bank.init_bank(jax.random.key(1), 10, 4)
   old = np.asarray(bank)
   index = np.array([7, 2, 5], np.int32)
   feats = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
-  new = np.asarray(state_lib.update_bank(bank, index, feats, 0.5))
+  new = np.asarray(memory_bank.update_bank(bank, index, feats, 0.5))
   for i, row in zip(index, feats):
     want = 0.5 * old[i] + 0.5 * row / np.linalg.norm(row)
     np.testing.assert_allclose(new[i], want / np.linalg.norm(want), rtol=1e-5,

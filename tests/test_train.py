@@ -80,7 +80,7 @@ def test_main_and_the_modules_of_a_run_import_without_tensorflow():
   # TensorFlow (~9 s of CPU to import) is for building TFDS datasets only:
   # main.py's modules, the pipeline and the TensorBoard writer do without it.
   code = ('import sys, main; from contrastive_jax import train, '
-          'evaluate; from input_pipeline import pipeline, sources; '
+          'evaluators, encoder; from input_pipeline import pipeline, sources; '
           'print(sorted(m for m in sys.modules if m == "tensorflow" or '
           'm.startswith(("tensorflow.", "keras"))))')
   out = subprocess.run([sys.executable, '-c', code], cwd=REPO,

@@ -22,6 +22,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from configs import test as test_config
+from contrastive_jax import step as step_lib
+from contrastive_jax import runtime
+from contrastive_jax import config_lib
 from contrastive_jax import losses
 from contrastive_jax import train
 from numpy_reference import f32_rtol
@@ -62,7 +65,7 @@ def _config(kind):
     c.loss_schedules = {'lam': 'epoch_ramp'}
   else:
     raise ValueError(kind)
-  train.validate_config(c)
+  config_lib.validate(c)
   return c
 
 
@@ -109,8 +112,8 @@ def _close(a, b):
 @pytest.mark.parametrize('kind', ['simclr', 'moco_v2', 'jcl'])
 def test_one_device_and_eight_devices_agree(kind):
   config = _config(kind)
-  mesh1 = train.create_mesh(jax.devices()[:1])
-  mesh8 = train.create_mesh()
+  mesh1 = runtime.create_mesh(jax.devices()[:1])
+  mesh8 = runtime.create_mesh()
   assert mesh1.size == 1 and mesh8.size == 8
   init, s1, m1, _ = _run(config, mesh1)
   _, s8, m8, _ = _run(config, mesh8)
@@ -138,7 +141,7 @@ def test_one_device_and_eight_devices_agree(kind):
 def test_ema_in_the_step(momentum):
   config = _config('moco_v2')
   config.moco.momentum = momentum
-  mesh = train.create_mesh()
+  mesh = runtime.create_mesh()
   _, init_fn, step_fn = _build(config, mesh)
   rng = jax.random.key(3)
   state = init_fn(jax.random.key(0))
@@ -162,7 +165,7 @@ def test_queue_receives_the_normalised_keys_at_the_pointer():
   # 1: recompute them directly with the model and compare with the queue.
   config = _config('moco_v2')
   config.moco.momentum = 0.
-  mesh = train.create_mesh(jax.devices()[:1])
+  mesh = runtime.create_mesh(jax.devices()[:1])
   model, init_fn, step_fn = _build(config, mesh)
   rng = jax.random.key(3)
   state = init_fn(jax.random.key(0))
@@ -185,7 +188,7 @@ def test_queue_receives_the_normalised_keys_at_the_pointer():
 
 def test_memory_bank_rows_of_the_batch_are_updated():
   config = _config('insdis')
-  mesh = train.create_mesh(jax.devices()[:1])
+  mesh = runtime.create_mesh(jax.devices()[:1])
   model, init_fn, step_fn = _build(config, mesh)
   state = init_fn(jax.random.key(0))
   s0 = jax.device_get(state)
@@ -213,12 +216,12 @@ def test_shuffle_bn():
   config = _config('moco_v2')
   shuffled = _config('moco_v2')
   shuffled.moco.shuffle_bn = True
-  mesh1 = train.create_mesh(jax.devices()[:1])
+  mesh1 = runtime.create_mesh(jax.devices()[:1])
   _, a, ma, _ = _run(config, mesh1)
   _, b, mb, _ = _run(shuffled, mesh1)
   jax.tree.map(_close, jax.device_get(a), jax.device_get(b))
   _close(ma[-1]['loss'], mb[-1]['loss'])
-  _, c, mc, _ = _run(shuffled, train.create_mesh())
+  _, c, mc, _ = _run(shuffled, runtime.create_mesh())
   assert np.isfinite(mc[-1]['loss'])
   assert abs(float(mc[-1]['pos_sim']) - float(ma[-1]['pos_sim'])) > 1e-3
 
@@ -227,7 +230,7 @@ def test_no_recompilation_between_steps():
   # JCL has the most traced per-step scalars: the cosine momentum, the lambda
   # ramp and the queue pointer.
   config = _config('jcl')
-  _, _, metrics, step_fn = _run(config, train.create_mesh(), steps=4)
+  _, _, metrics, step_fn = _run(config, runtime.create_mesh(), steps=4)
   assert step_fn._cache_size() == 1
   lams = [float(m['lam']) for m in metrics]
   # lambda_t = 4 (epoch + 1) / ceil(num_epochs=1): 4 from the first epoch on.
@@ -241,7 +244,7 @@ def test_no_recompilation_between_steps():
 def test_lambda_ramp_per_epoch():
   config = _config('jcl')
   config.num_epochs = 4.
-  ramp = train.build(config, train.create_mesh(jax.devices()[:1]),
+  ramp = step_lib.build(config, runtime.create_mesh(jax.devices()[:1]),
                      total_steps=8, steps_per_epoch=2, num_examples=N_DATA,
                      image_shape=(HW, HW, 1)).loss.schedules['lam']
   got = [float(ramp(jnp.int32(s))) for s in range(8)]
@@ -266,4 +269,4 @@ def test_bad_method_configs_fail_early(change, match):
   if 'key_views' in change:
     c.moco.key_views = change['key_views']
   with pytest.raises(ValueError, match=match):
-    train.validate_config(c)
+    config_lib.validate(c)

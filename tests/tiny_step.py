@@ -6,6 +6,7 @@ every step-level test exercises the real `create_step_fns`.
 """
 
 from configs import test as test_config
+from contrastive_jax import step as step_lib
 from contrastive_jax import train
 
 
@@ -23,7 +24,7 @@ def tiny_config(*, batch: int, out_dim: int):
 def build_step(config, mesh, *, total_steps: int, num_examples: int,
                image_shape, steps_per_epoch: int = 2, num_classes: int = 0):
   """(model, init_fn, step_fn) exactly as the training job builds them."""
-  setup = train.build(config, mesh, total_steps=total_steps,
+  setup = step_lib.build(config, mesh, total_steps=total_steps,
                       steps_per_epoch=steps_per_epoch,
                       num_examples=num_examples, image_shape=image_shape,
                       num_classes=num_classes)

@@ -26,7 +26,7 @@ Stages (PROTOCOL.md says what each is for and what is decided from it):
   CACR's linear and exponential class-imbalanced training sets (the final
   runs' number of steps), scored on the test split with a kNN bank and a
   linear probe fitted on the balanced training set
-  (`contrastive_jax.eval_checkpoint` on the run's checkpoint).
+  (`contrastive_jax.cli eval` on the run's checkpoint).
 
 A run is one main.py subprocess (8 virtual CPU devices), its workdir
 `workdir/study_v2/<run id>-<hash of its command>` (checkpoints: an
@@ -405,7 +405,10 @@ def execute(run: Run, results_dir: str, work_root: str, *, root: str = ROOT,
   record['status'] = 'running'
   _write(path, record)
 
-  cmd = [sys.executable, *main, f'--workdir={workdir}'] + run.args()
+  cmd = [sys.executable, *main, f'--workdir={workdir}',
+         f'--config=configs/{run.config}.py'] + [
+             f'--config.{k}={reproduce._flag_value(v)}'  # pylint: disable=protected-access
+             for k, v in reproduce.current_options(run.overrides)]
   env = dict(os.environ, XLA_FLAGS=reproduce.XLA_FLAGS,
              TF_CPP_MIN_LOG_LEVEL='2')
   log(f'[{time.strftime("%H:%M:%S")}] {run.run_id}: {" ".join(cmd[1:])}')
@@ -476,7 +479,7 @@ def execute(run: Run, results_dir: str, work_root: str, *, root: str = ROOT,
 def balanced_evaluation(workdir: str, root: str, env: dict,
                         record: dict) -> int:
   """Scores an imbalanced run's checkpoint with the kNN bank and the linear
-  probe fitted on the balanced training set: contrastive_jax.eval_checkpoint
+  probe fitted on the balanced training set: `contrastive_jax.cli eval`
   on a copy of the run's config with `dataset.imbalance = 'none'` (the same
   validation holdout, the same test split). Adds 'test_balanced' to the
   record; returns the exit code."""
@@ -490,8 +493,9 @@ def balanced_evaluation(workdir: str, root: str, env: dict,
   if not os.path.lexists(link):
     os.symlink(os.path.join('..', 'checkpoints'), link)
   out = os.path.join(bdir, 'eval')
-  cmd = [sys.executable, '-m', 'contrastive_jax.eval_checkpoint',
-         f'--workdir={bdir}', f'--outdir={out}', '--knn_ks=200']
+  cmd = [sys.executable, '-m', 'contrastive_jax.cli', 'eval',
+         f'--workdir={bdir}', f'--outdir={out}', '--knn_ks=200',
+         '--nodiagnostics']
   with open(os.path.join(bdir, 'eval.log'), 'a') as log_file:
     rc = subprocess.run(cmd, cwd=root, env=env, stdout=log_file,
                         stderr=subprocess.STDOUT).returncode
@@ -499,7 +503,8 @@ def balanced_evaluation(workdir: str, root: str, env: dict,
     with open(os.path.join(out, 'results.json')) as f:
       res = json.load(f)
     record['test_balanced'] = {'trained': {
-        'knn': res.get(KNN_KEY), 'linear': res.get('linear_top1')}}
+        'knn': res.get(f'trained/{KNN_KEY}'),
+        'linear': res.get('trained/linear_top1')}}
   return rc
 
 

@@ -47,5 +47,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # HCL image/utils.py train_transform: ColorJitter(0.4, 0.4, 0.4, 0.1)
     # p 0.8, grayscale 0.2, blur (3 px, sigma 0.1-2) p 0.5, crop 0.08-1.
     config.augment.overrides = ({'jitter_strength': 0.5, 'blur_p': 0.5},)
-    config.eval.linear_eval = 'cacr_small'
+    config.evals.linear_eval = common.linear_eval('cacr_small')
   return config

@@ -40,6 +40,13 @@ def scale_of(arg: str | None) -> str:
   return scale
 
 
+def linear_eval(preset: str, **fields) -> dict:
+  """A `config.evals` entry for the papers' linear evaluation with `preset`
+  (contrastive_jax/evaluators/linear_eval.py PRESETS)."""
+  return {'type': 'linear_eval', 'every_steps': 0, 'preset': preset,
+          'epochs': 0, 'batch_size': 0, **fields}
+
+
 def base(scale: str) -> ml_collections.ConfigDict:
   """configs/base.py at `scale`: data, encoder, precision, evaluation."""
   config = base_config.get_config()
@@ -59,7 +66,7 @@ def base(scale: str) -> ml_collections.ConfigDict:
     config.model.encoder_kwargs = ml_collections.ConfigDict(
         {'stem': 'imagenet', 'stage_sizes': (3, 4, 6, 3), 'width': 64})
     config.checkpoint_every_steps = 2000
-    config.online.knn_every_steps = 5000
+    config.evals.online_knn.every_steps = 5000
   else:
     config.dataset.name = scale
     config.dataset.eval_split = 'test'
@@ -70,7 +77,7 @@ def base(scale: str) -> ml_collections.ConfigDict:
         {'stem': 'cifar', 'stage_sizes': (2, 2, 2, 2), 'width': 64})
     config.augment.preset = 'simclr_small'   # SimCLR's, no blur at 32 px.
     config.checkpoint_every_steps = 1000
-    config.online.knn_every_steps = 2000
+    config.evals.online_knn.every_steps = 2000
   return config
 
 
@@ -88,9 +95,9 @@ def sgd_cifar(config, *, batch_size: int = 512, epochs: float = 200.):
   config.optimizer.warmup_fraction = 0.
   config.model.head_hidden_dim = 512
   config.model.head_out_dim = 128
-  config.eval.knn_ks = (200,)
-  config.eval.knn_temperature = 0.1
-  config.eval.linear_eval = 'cifar'
+  config.evals.knn.ks = (200,)
+  config.evals.knn.temperature = 0.1
+  config.evals.linear_eval = linear_eval('cifar')
   return config
 
 
@@ -110,7 +117,7 @@ def sgd_moco_v2(config, *, epochs: float = 200.):
   config.model.head_out_dim = 128
   config.model.head_batch_norm = False
   config.augment.preset = 'moco_v2'
-  config.eval.linear_eval = 'moco'
+  config.evals.linear_eval = linear_eval('moco')
   return config
 
 
@@ -131,7 +138,7 @@ def lars_simclr(config, *, batch_size: int = 4096, epochs: float = 100.,
   config.model.head_hidden_dim = 2048
   config.model.head_out_dim = 128
   config.augment.preset = 'simclr'
-  config.eval.linear_eval = 'simclr'
+  config.evals.linear_eval = linear_eval('simclr')
   return config
 
 

@@ -33,6 +33,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     common.adam_small(config, epochs=200.)
     config.augment.preset = 'cifar_small'
     config.augment.overrides = ({'crop_scale': (0.08, 1.0)},)
-    config.eval.knn_ks = (200,)
-    config.eval.linear_eval = 'macl'
+    config.evals.knn.ks = (200,)
+    config.evals.linear_eval = common.linear_eval('macl')
   return config

@@ -36,7 +36,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.optimizer.weight_decay = 1e-4
   config.optimizer.warmup_fraction = 0.
   config.num_epochs = 100.
-  config.eval.linear_eval = 'tcl'
+  config.evals.linear_eval = common.linear_eval('tcl')
   if scale == 'imagenet':
     config.batch_size = 256
     config.optimizer.base_learning_rate = 0.3 * 256 / 128

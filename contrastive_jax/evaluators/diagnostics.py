@@ -14,18 +14,31 @@ Lower is better for both.
 Plots use matplotlib's Agg backend (no display needed) and write PNG files.
 
 CACR's conditional entropy of the negative weights (Zheng et al. 2023, eq. 8)
-and MACL's semantic sensitivity (eq. 7) are below; see
-/work/shared/notes/cacr.md section 2.11 and macl.md section 6.3.
+and MACL's semantic sensitivity (eq. 7) are below (docs/evaluation.md writes
+out both).
+
+`Diagnostics` is the evaluator (`config.evals.<name>.type = 'diagnostics'`)
+that runs all of them on a trained encoder, in the projection space (the
+loss's) and the backbone's feature space.
 """
 
 from __future__ import annotations
 
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from contrastive_jax import progress
+from contrastive_jax.evaluators import base
 from contrastive_jax.losses.common import l2_normalize
+from input_pipeline import augment
+from input_pipeline import pipeline
 
 # Rows of the pairwise block in `uniformity`: bounds memory to [block, N].
 _PAIR_BLOCK = 1024
@@ -128,7 +141,7 @@ def semantic_sensitivity(f: jax.Array, labels: jax.Array,
   the cosine of L2-normalised features, so S = 1 when same-class pairs
   coincide and different classes are antipodal; collapse gives
   p_same + (1 - p_same) e^-4. The mean is over ordered pairs x != y (the
-  notes' recommendation; the diagonal would add ~1/M), in row blocks so
+  diagonal would add ~1/M), in row blocks so
   memory is [block, M].
 
   Args:
@@ -264,9 +277,11 @@ def project_2d(feats, method: str = 'pca', *, seed: int = 0) -> np.ndarray:
 
 
 def scatter_classes(ax, coords, labels, *, max_points: int = 10_000,
-                    seed: int = 0, legend: bool = True) -> None:
+                    seed: int = 0, legend: bool = True,
+                    names=None) -> None:
   """Draws [N, 2] `coords` on `ax`, coloured by int `labels` (a sample of at
-  most `max_points`, drawn uniformly with `seed`)."""
+  most `max_points`, drawn uniformly with `seed`); the legend names each
+  class by `names[label]` when given."""
   labels = np.asarray(labels)
   shown = np.arange(len(coords))
   if len(coords) > max_points:
@@ -275,7 +290,11 @@ def scatter_classes(ax, coords, labels, *, max_points: int = 10_000,
   sc = ax.scatter(coords[shown, 0], coords[shown, 1], c=labels[shown], s=4,
                   cmap='tab10' if labels.max() < 10 else 'tab20')
   if legend:
-    ax.legend(*sc.legend_elements(), title='class', fontsize='x-small',
+    handles, texts = sc.legend_elements(num=None)
+    if names is not None:
+      ids = np.unique(labels[shown])
+      texts = [str(names[i]) if i < len(names) else str(i) for i in ids]
+    ax.legend(handles, texts, title='class', fontsize='x-small',
               title_fontsize='x-small', loc='best', markerscale=0.6,
               ncols=2)
 
@@ -322,3 +341,118 @@ def _new_figure():
 def _save(fig, path: str) -> None:
   fig.tight_layout()
   fig.savefig(path, format='png')
+
+
+def _to_host(*arrays, mask) -> list[np.ndarray]:
+  """Global arrays (sharded over processes) -> full host copies, real rows.
+
+  Every process gets the whole array (`process_allgather`), so keep this to
+  test-set-sized features.
+  """
+  mask = np.asarray(multihost_utils.process_allgather(mask, tiled=True))
+  return [np.asarray(multihost_utils.process_allgather(a, tiled=True))[mask]
+          for a in arrays]
+
+
+def _embed_views(model, variables, data, mesh, *, batch_size: int, views_cfg,
+                 seed: int):
+  """Embeddings of un-augmented images and of two augmented views.
+
+  Returns:
+    {'clean', 'view0', 'view1'} -> (features [M, F], projection [M, D]).
+  """
+  sharding = NamedSharding(mesh, P('data'))
+
+  @jax.jit
+  def embed(variables, x):
+    out = model.apply(variables, x, train=False)
+    return (jax.lax.with_sharding_constraint(out['features'], sharding),
+            jax.lax.with_sharding_constraint(out['projection'], sharding))
+
+  augment_fn = jax.jit(
+      lambda rng, images: augment.augment_batch(rng, images, views_cfg),
+      out_shardings=sharding)
+  rng = jax.random.key(seed)
+  parts = {k: ([], []) for k in ('clean', 'view0', 'view1')}
+  for i, batch in enumerate(pipeline.eval_batches(
+      data, batch_size=batch_size, sharding=sharding)):
+    images = batch['image']
+    views = augment_fn(jax.random.fold_in(rng, i), images)   # [B, 2, ...]
+    inputs = {'clean': images.astype(jnp.float32) / 255.,
+              'view0': views[:, 0], 'view1': views[:, 1]}
+    for name, x in inputs.items():
+      f, z = _to_host(*embed(variables, x), mask=batch['mask'])
+      parts[name][0].append(f)
+      parts[name][1].append(z)
+  return {k: (np.concatenate(f), np.concatenate(z))
+          for k, (f, z) in parts.items()}
+
+
+def batched_entropy(z_a, *, batch_size: int, t_neg: float) -> float:
+  """CACR's H(X^-|X) averaged over full mini-batches (paper, Figs. 3-5)."""
+  n = (len(z_a) // batch_size) * batch_size
+  if n == 0:                  # fewer test images than one batch: one batch
+    return float(conditional_entropy(z_a, t_neg=t_neg))
+  vals = [float(conditional_entropy(z_a[s:s + batch_size], t_neg=t_neg))
+          for s in range(0, n, batch_size)]
+  return float(np.mean(vals))
+
+
+class Diagnostics(base.Evaluator):
+  """The papers' diagnostics of a trained encoder, on the evaluation split.
+
+  On two augmented views of every evaluation image (the run's first two
+  views, per-view overrides included) and on the un-augmented images, in the
+  projection and the feature space: Wang & Isola's alignment and uniformity,
+  CACR's conditional entropy of the negative weights (mini-batches of
+  `batch_size`, default the run's `config.batch_size`, as the paper averages
+  over mini-batches; t^- = `t_neg`), MACL's semantic sensitivity, the mean
+  positive and negative cosines; with an output directory, a histogram of
+  the cosines per space and a PCA plot of the features (PNG files).
+  Metrics: 'diagnostics/<space>/<name>'.
+  """
+  type = 'diagnostics'
+  DEFAULTS = {'t_neg': 2., 'batch_size': 0, 'seed': 0}
+  baselines = False
+
+  def __call__(self, rep: base.Representation, *, bar=progress.NO_BAR
+               ) -> dict[str, float]:
+    env, config = rep.env, rep.env.config
+    bar.set_postfix_str('diagnostics')
+    views_cfg = augment.build_views(
+        config.augment.preset, max(2, config.augment.num_views),
+        config.augment.overrides)[:2]
+    emb = _embed_views(env.model, rep.variables, env.test, env.mesh,
+                       batch_size=config.eval.batch_size, views_cfg=views_cfg,
+                       seed=self.cfg.seed)
+    test = rep.features('test')
+    labels, = _to_host(test.label, mask=test.mask)
+    entropy_batch = int(self.cfg.batch_size or config.batch_size)
+    out = {}
+    for space, idx in (('projection', 1), ('features', 0)):
+      z0, z1, clean = emb['view0'][idx], emb['view1'][idx], emb['clean'][idx]
+      pre = f'diagnostics/{space}/'
+      out[pre + 'alignment'] = float(alignment(z0, z1))
+      # Wang & Isola average the uniformity of the two views.
+      out[pre + 'uniformity'] = float((uniformity(z0) + uniformity(z1)) / 2)
+      out[pre + 'cacr_conditional_entropy'] = batched_entropy(
+          z0, batch_size=entropy_batch, t_neg=self.cfg.t_neg)
+      out[pre + 'macl_semantic_sensitivity'] = float(
+          semantic_sensitivity(clean, labels))
+      path = env.outdir and os.path.join(
+          env.outdir, f'similarity_histogram_{space}.png')
+      hist = similarity_histograms(z0, z1, labels=labels, path=path,
+                                   title=f'{space}: {config.loss}')
+      out[pre + 'positive_cos_mean'] = float(np.mean(hist['positive']))
+      out[pre + 'negative_cos_mean'] = float(np.mean(
+          hist['negative'])) if hist['negative'].size else float('nan')
+    m = min(entropy_batch, len(labels))
+    out['diagnostics/cacr_conditional_entropy_max'] = float(np.log(m - 1))
+    out['diagnostics/cacr_t_neg'] = float(self.cfg.t_neg)
+    out['diagnostics/cacr_entropy_batch_size'] = m
+    if env.outdir:
+      embedding_plot(emb['clean'][0], labels,
+                     os.path.join(env.outdir, 'embedding_pca.png'),
+                     title='PCA of evaluation features')
+    bar.update(1)
+    return out

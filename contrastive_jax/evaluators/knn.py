@@ -28,8 +28,11 @@ device takes its local top-k per chunk inside `jax.shard_map`, then the k
 candidates of every shard are all-gathered, and each device merges those of
 its 1 / devices of the chunk's queries with a second top-k and
 votes on: the merge and the vote are split over the devices, not repeated
-on each (every device merging and voting for every query took 2x the kNN's
-time on 8 virtual CPU devices when the matmul is small).
+on each.
+
+`Knn` is the evaluator (`config.evals.<name>.type = 'knn'`): the training
+split (or its first `bank_size` examples) is the bank, the evaluation split
+(or its first `num_queries`) the queries.
 
 Accuracies are fractions in [0, 1].
 """
@@ -46,6 +49,8 @@ from jax.sharding import PartitionSpec as P
 import jax.numpy as jnp
 import numpy as np
 
+from contrastive_jax import progress
+from contrastive_jax.evaluators import base
 from contrastive_jax.losses.common import l2_normalize
 
 # Upper bound on one [query_chunk, bank_shard] float32 similarity block when
@@ -420,3 +425,49 @@ def _correct_counts(weighted, majority, labels, mask):
   mask = jnp.asarray(mask, bool)[None]
   correct = lambda p: list(jnp.sum((p == labels) & mask, axis=1))
   return correct(weighted), correct(majority), jnp.sum(mask)
+
+
+class Knn(base.Evaluator):
+  """Weighted and majority kNN top-1 for each k of `ks`, cosine similarity.
+
+  Config fields: `ks`, `temperature` (T of the weighted vote), `bank_size`
+  and `num_queries` (the first examples of each split; 0: all of it). With a
+  partial bank, a k above its size is lowered to it (an online monitor on a
+  small dataset); with the whole training split it is an error.
+  Metrics: 'knn_weighted_top1@k', 'knn_majority_top1@k'.
+  """
+  type = 'knn'
+  DEFAULTS = {'ks': (200,), 'temperature': 0.1, 'bank_size': 0,
+              'num_queries': 0}
+
+  def _ks(self, num_train: int) -> tuple[int, ...]:
+    bank = min(self.cfg.bank_size or num_train, num_train)
+    if self.cfg.bank_size:
+      return tuple(sorted({min(int(k), bank) for k in self.cfg.ks}))
+    return tuple(int(k) for k in self.cfg.ks)
+
+  def validate(self, config, *, num_devices: int,
+               num_train: int | None = None) -> None:
+    if not self.cfg.ks or min(self.cfg.ks) < 1:
+      raise ValueError(f'config.evals.{self.name}.ks={tuple(self.cfg.ks)} '
+                       'needs neighbour counts >= 1.')
+    if num_train is not None and not self.cfg.bank_size and (
+        max(self.cfg.ks) > num_train):
+      raise ValueError(
+          f'config.evals.{self.name}.ks={tuple(self.cfg.ks)} asks for more '
+          f'neighbours than the {num_train} training examples (the kNN '
+          f'bank); use values <= {num_train}.')
+
+  def __call__(self, rep: base.Representation, *, bar=progress.NO_BAR
+               ) -> dict[str, float]:
+    bank = rep.features('train', self.cfg.bank_size)
+    queries = rep.features('test', self.cfg.num_queries)
+    bar.set_postfix_str('kNN')
+    res = knn_evaluate(
+        bank.x, bank.label, queries.x, queries.label,
+        num_classes=rep.env.num_classes,
+        ks=self._ks(len(rep.source('train', self.cfg.bank_size))),
+        temperature=self.cfg.temperature, mesh=rep.env.mesh,
+        bank_mask=bank.mask, query_mask=queries.mask)
+    bar.update(1)
+    return {k: float(v) for k, v in res.items()}

@@ -16,8 +16,8 @@ that protocol streamed, on any mesh and any number of processes:
   process reads its part; only scalar counts come back).
 
 The hyperparameters are the papers' (`PRESETS`, sources in each comment).
-`linear_probe.logistic_regression` (L-BFGS on cached un-augmented features)
-is the *fast probe*: seconds instead of epochs of encoder forwards, for
+`logreg.logistic_regression` (L-BFGS on cached un-augmented features) is the
+fast alternative: seconds instead of epochs of encoder forwards, for
 monitoring and small features; its numbers are not the papers' protocol.
 """
 
@@ -37,12 +37,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import progress
+from contrastive_jax.evaluators import base
 from input_pipeline import augment
 from input_pipeline import pipeline
 
 
 @dataclasses.dataclass(frozen=True)
-class ProbeConfig:
+class LinearEvalConfig:
   """One linear-evaluation recipe (see PRESETS for the papers').
 
   `lr` is the learning rate at `batch_size`; another batch size scales it
@@ -69,29 +70,29 @@ class ProbeConfig:
 
 _CROP_FLIP = augment.ViewConfig(crop_scale=(0.08, 1.), flip_p=0.5)
 
-# Values and sources: /work/shared/notes (cacr.md Sec. 4, tcl.md Sec. 5,
-# macl.md Sec. 6.1) and the papers named.
-PRESETS: dict[str, ProbeConfig] = {
+# Each preset's source is in its comment: the paper's appendix or its
+# released evaluation script.
+PRESETS: dict[str, LinearEvalConfig] = {
     # MoCo v1/v2 ImageNet linear classification (also CACR's and JCL's):
     # SGD lr 30, batch 256, 100 epochs, x0.1 at 60 and 80, no weight decay;
     # RandomResizedCrop(224) + flip.
-    'moco': ProbeConfig(optimizer='sgd', lr=30.0, epochs=100, batch_size=256,
+    'moco': LinearEvalConfig(optimizer='sgd', lr=30.0, epochs=100, batch_size=256,
                         momentum=0.9, schedule='step', milestones=(60, 80),
                         lr_decay=0.1, view=_CROP_FLIP),
     # SimCLR (App. B.5) and MoCo v3's main_lincls.py: SGD with Nesterov
     # momentum, lr 0.1 x B / 256, cosine, 90 epochs, no weight decay, crop +
     # flip. SimCLR ran batch 4096; MoCo v3's code 1024 (same lr rule).
-    'simclr': ProbeConfig(optimizer='sgd', lr=1.6, epochs=90, batch_size=4096,
+    'simclr': LinearEvalConfig(optimizer='sgd', lr=1.6, epochs=90, batch_size=4096,
                           momentum=0.9, nesterov=True, schedule='cosine',
                           view=_CROP_FLIP),
     # The CIFAR configs (configs/papers): solo-learn's linear evaluation of
     # its CIFAR models, SGD lr 0.1, batch 256, 100 epochs, cosine, no weight
     # decay, RandomResizedCrop(32, 0.08-1) + flip.
-    'cifar': ProbeConfig(optimizer='sgd', lr=0.1, epochs=100, batch_size=256,
+    'cifar': LinearEvalConfig(optimizer='sgd', lr=0.1, epochs=100, batch_size=256,
                          momentum=0.9, schedule='cosine', view=_CROP_FLIP),
     # CACR's small-scale code: Adam(0.5, 0.999), lr 1e-3, batch 128, 100
     # epochs, x0.2 at 60 and 80; RandomResizedCrop(scale 0.2-1) + flip.
-    'cacr_small': ProbeConfig(
+    'cacr_small': LinearEvalConfig(
         optimizer='adam', lr=1e-3, epochs=100, batch_size=128, adam_b1=0.5,
         adam_b2=0.999, schedule='step', milestones=(60, 80), lr_decay=0.2,
         view=augment.ViewConfig(crop_scale=(0.2, 1.), flip_p=0.5)),
@@ -99,14 +100,14 @@ PRESETS: dict[str, ProbeConfig] = {
     # 1e-3 x lr, 50 epochs, 64 images per step, the training transform
     # RandomCrop(28, padding=4) + flip. (TCL's code keeps BN in train mode;
     # here eval mode, the standard frozen encoder.)
-    'tcl': ProbeConfig(optimizer='sgd', lr=0.5, epochs=50, batch_size=64,
+    'tcl': LinearEvalConfig(optimizer='sgd', lr=0.5, epochs=50, batch_size=64,
                        momentum=0.9, weight_decay=1e-4, schedule='cosine',
                        cosine_final=1e-3,
                        view=augment.ViewConfig(crop_scale=None, pad_crop=4,
                                                flip_p=0.5)),
     # MACL: SGD lr 0.02, momentum 0.9, wd 0, 100 epochs; batch, schedule and
     # augmentation unstated (notes: 256, constant; CACR's crop 0.2-1 + flip).
-    'macl': ProbeConfig(optimizer='sgd', lr=0.02, epochs=100, batch_size=256,
+    'macl': LinearEvalConfig(optimizer='sgd', lr=0.02, epochs=100, batch_size=256,
                         momentum=0.9, schedule='constant',
                         view=augment.ViewConfig(crop_scale=(0.2, 1.),
                                                 flip_p=0.5)),
@@ -114,7 +115,7 @@ PRESETS: dict[str, ProbeConfig] = {
 
 
 def get_config(preset: str, *, epochs: int = 0,
-               batch_size: int = 0) -> ProbeConfig:
+               batch_size: int = 0) -> LinearEvalConfig:
   """PRESETS[preset], with `epochs` / `batch_size` overridden when > 0.
 
   A new batch size rescales the learning rate linearly.
@@ -131,7 +132,7 @@ def get_config(preset: str, *, epochs: int = 0,
   return cfg
 
 
-def learning_rate(cfg: ProbeConfig, steps_per_epoch: int) -> optax.Schedule:
+def learning_rate(cfg: LinearEvalConfig, steps_per_epoch: int) -> optax.Schedule:
   """Step -> learning rate of `cfg` ('step' milestones are in epochs)."""
   total = cfg.epochs * steps_per_epoch
   if cfg.schedule == 'constant':
@@ -146,7 +147,7 @@ def learning_rate(cfg: ProbeConfig, steps_per_epoch: int) -> optax.Schedule:
                    f'{cfg.schedule!r}.')
 
 
-def optimizer(cfg: ProbeConfig,
+def optimizer(cfg: LinearEvalConfig,
               steps_per_epoch: int) -> optax.GradientTransformation:
   """The preset's optimizer, with PyTorch's coupled L2 `weight_decay` (the
   papers' code) added to the gradient first."""
@@ -218,7 +219,7 @@ def make_step_fns(model, tx, view: augment.ViewConfig, mesh):
 
 
 def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
-                      cfg: ProbeConfig, num_classes: int, seed: int = 0,
+                      cfg: LinearEvalConfig, num_classes: int, seed: int = 0,
                       eval_batch_size: int = 256, num_workers: int = 0,
                       bar_desc: str = 'linear evaluation'
                       ) -> dict[str, Any]:
@@ -253,7 +254,7 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
   if batches.global_batch_size % mesh.size:
     raise ValueError(f'the linear evaluation batch {batches.global_batch_size}'
                      f' is not divisible by the {mesh.size} devices; set '
-                     'config.eval.linear_eval_batch_size to a multiple.')
+                     'config.evals.<name>.batch_size to a multiple.')
   steps_per_epoch = batches.steps_per_epoch
   tx = optimizer(cfg, steps_per_epoch)
   feature_dim = jax.eval_shape(
@@ -303,3 +304,49 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
                cfg.epochs, steps_per_epoch, 100 * out['top1_last'],
                100 * out['top1_best'], out['best_epoch'], out['seconds'])
   return out
+
+
+class LinearEval(base.Evaluator):
+  """The papers' linear evaluation of the trained encoder (`linear_evaluation`).
+
+  Config fields: `preset` (a name in PRESETS), `epochs` and `batch_size`
+  (overrides of the preset's when > 0). Trained encoder only: it runs epochs
+  of encoder forwards. Metrics: 'linear_eval_top1' (last epoch),
+  'linear_eval_top5', 'linear_eval_top1_best', ...
+  """
+  type = 'linear_eval'
+  DEFAULTS = {'preset': '', 'epochs': 0, 'batch_size': 0}
+  baselines = False
+
+  @property
+  def recipe(self) -> LinearEvalConfig:
+    return get_config(self.cfg.preset, epochs=self.cfg.epochs,
+                      batch_size=self.cfg.batch_size)
+
+  def validate(self, config, *, num_devices: int,
+               num_train: int | None = None) -> None:
+    batch = self.recipe.batch_size
+    if num_train is not None:
+      batch = min(batch, num_train)
+    if batch % num_devices:
+      raise ValueError(
+          f'the {self.cfg.preset!r} linear evaluation batch would be {batch}, '
+          f'not divisible by the {num_devices} devices; set '
+          f'config.evals.{self.name}.batch_size to a multiple of them'
+          + (f' below {num_train}.' if num_train is not None else '.'))
+
+  def units(self, env) -> int:
+    return 0      # Its own progress bar: epochs of training.
+
+  def __call__(self, rep: base.Representation, *, bar=progress.NO_BAR
+               ) -> dict[str, float]:
+    env = rep.env
+    out = linear_evaluation(
+        env.model, rep.variables, env.train, env.test, env.mesh,
+        cfg=self.recipe, num_classes=env.num_classes, seed=env.config.seed,
+        eval_batch_size=env.config.eval.batch_size,
+        num_workers=env.config.dataset.num_workers,
+        bar_desc=f'linear evaluation ({self.cfg.preset})')
+    names = {'top1_last': 'top1', 'top5_last': 'top5'}
+    return {f'linear_eval_{names.get(k, k)}': v for k, v in out.items()
+            if isinstance(v, (int, float))}

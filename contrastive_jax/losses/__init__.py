@@ -29,8 +29,16 @@ from contrastive_jax.losses import baselines             # AU-CL, HN-CL, DCL
 from contrastive_jax.losses import instance              # NT-Xent, MoCo, ...
 from contrastive_jax.losses import joint                 # JCL
 from contrastive_jax.losses import model_aware           # MACL
+from contrastive_jax.losses import regression            # BYOL
 from contrastive_jax.losses import supervised            # SupCon, TCL
+from contrastive_jax.losses.attraction_repulsion import cacr
+from contrastive_jax.losses.baselines import align_uniform, dcl, hard_negative
 from contrastive_jax.losses.common import l2_normalize
+from contrastive_jax.losses.instance import cmc, infonce, insdis, ntxent
+from contrastive_jax.losses.joint import jcl
+from contrastive_jax.losses.model_aware import macl
+from contrastive_jax.losses.regression import byol
+from contrastive_jax.losses.supervised import supcon, tcl
 
 # Each module lists its own losses in a module-level `LOSSES` dict; the union is
 # the public registry.
@@ -41,23 +49,8 @@ LOSSES: dict[str, Callable] = {
     **attraction_repulsion.LOSSES,
     **model_aware.LOSSES,
     **joint.LOSSES,
+    **regression.LOSSES,
 }
-globals().update(LOSSES)
-
-
-def register(name: str) -> Callable[[Callable], Callable]:
-  """Decorator: adds a loss to `LOSSES` under `name` (a method module's own).
-
-  The loss follows the package's convention (`common.py`), its matrix
-  products in full float32 (`common.float32_matmuls`). Registering a name
-  twice is an error, so a method cannot silently replace a loss.
-  """
-  def add(fn: Callable) -> Callable:
-    if name in LOSSES:
-      raise ValueError(f'a loss named {name!r} is already registered.')
-    LOSSES[name] = fn
-    return fn
-  return add
 
 
 @flax.struct.dataclass
@@ -122,24 +115,13 @@ def apply(name: str, inputs: LossInputs, **hyperparameters):
   return fn(**kwargs, **hyperparameters)
 
 
-def _load_method_losses() -> None:
-  # A method module may register its own loss (methods/byol.py); load them
-  # all, lazily (they import this package, so not at import time).
-  from contrastive_jax import methods  # pylint: disable=g-import-not-at-top
-  for method in methods.names():
-    methods.get(method)
-
-
 def names() -> tuple[str, ...]:
-  """Every loss's name, the method modules' own included."""
-  _load_method_losses()
+  """Every loss's name."""
   return tuple(sorted(LOSSES))
 
 
 def get_loss(name: str) -> Callable:
   """Returns the loss registered as `name`; ValueError listing the known ones."""
-  if name not in LOSSES:
-    _load_method_losses()
   try:
     return LOSSES[name]
   except KeyError:

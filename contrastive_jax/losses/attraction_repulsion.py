@@ -13,7 +13,7 @@ The loss is L = L_CA + L_CR (paper Eqs. 2-4, mini-batch estimator of Sec. 3.2):
 unit sphere ||a - b||^2 = 2 - 2 a.b, which is how every cost is computed here:
 it is exact, and unlike a norm it has a finite gradient at zero distance.
 
-Two regimes (notes/cacr.md Sec. 2.5, 2.6):
+Two regimes (docs/losses.md, CACR):
 
 * in-batch (`key=None`, the released small-scale code): `z: [N, K+1, D]` from
   one trainable encoder. Every view takes a turn as the query; its positives are
@@ -70,7 +70,7 @@ def cacr(
   and the other K views are its positives; the loss averages over the V
   choices of query view (as the released code does).
 
-  Stop-gradient regimes (notes/cacr.md Sec. 2.12); the flags change the
+  Stop-gradient regimes (docs/losses.md, CACR); the flags change the
   gradient only, never the loss value:
     * small-scale code / paper Sec. 3.2: `sg_pos=False, sg_neg=False` (the
       default when `key is None`);
@@ -87,7 +87,7 @@ def cacr(
     queue: optional [Q, D] negatives (MoCo queue of past keys); needs `key`.
     t_pos: multiplies ||z - z+||^2 inside pi+ (1.0 in every paper setting).
     t_neg: multiplies ||z - z-||^2 inside pi- (2.0 for K=1 CIFAR-10 and for
-      ImageNet; 0.9 for K=4 CIFAR-10; see notes/cacr.md Sec. 0).
+      ImageNet; 0.9 for K=4 CIFAR-10, the released code's defaults).
     cost: 'euclidean' (c = ||a - b||^2) or 'rbf' (App. B.5 Eq. 14: L_CR =
       log of the pi- weighted mean of exp(-rbf_t ||a - b||^2); attraction
       keeps the Euclidean cost). The weights are the same for both.

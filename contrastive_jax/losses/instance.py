@@ -217,11 +217,11 @@ def insdis(query: jax.Array, key: jax.Array, *, queue: jax.Array,
   """InsDis: non-parametric instance discrimination with NCE (Wu et al. 2018).
 
   The non-parametric softmax P(i|f) = exp(v_i.f / tau) / Z over all
-  `num_data` memory-bank rows (slides 004 eqs. 1, 3-4) is replaced by
+  `num_data` memory-bank rows (Wu et al. 2018, Sec. 3.1) is replaced by
   noise-contrastive estimation against m = Q bank rows drawn uniformly,
   P_n = 1 / num_data. With h(i, v) = P(i|v) / (P(i|v) + m P_n), the
-  per-instance objective (J_NCE with the proximal term, slides 004 "NCE &
-  Regularization"; Wu et al. Secs. 3.2-3.3) is
+  per-instance objective (J_NCE with the proximal term, Wu et al.
+  Secs. 3.2-3.3) is
 
     J_i = -log h(i, v_i) - sum_{k=1..m} log(1 - h(j_k, v_jk))
           + proximal_weight * ||f_i - v_i||^2,
@@ -255,11 +255,10 @@ def insdis(query: jax.Array, key: jax.Array, *, queue: jax.Array,
     nce_z: optional fixed normalising constant Z > 0; None estimates it from
       the batch as described above.
     proximal_weight: lambda of the proximal regulariser lambda *
-      ||v_i^{(t)} - v_i^{(t-1)}||^2 (squared, as in the paper; the slides
-      drop the square). NOT VERIFIED: the slides give no value, and 50 is
-      the strongest setting of the paper's proximal ablation as recalled,
-      not checked against the paper's text. The released lemniscate code
-      has no proximal term: pass 0 to match it.
+      ||v_i^{(t)} - v_i^{(t-1)}||^2 (squared, as in the paper). The default
+      50 is not verified against the paper's text; the released lemniscate
+      code has no proximal term, and configs/papers/insdis.py passes 0 to
+      match it.
 
   Returns:
     (loss, metrics): scalar loss; metrics hold `pos_sim`, `neg_sim`, `acc`
@@ -331,16 +330,16 @@ def insdis(query: jax.Array, key: jax.Array, *, queue: jax.Array,
 @common.float32_matmuls
 def cmc(z: jax.Array, *, temperature: float = 0.07, graph: str = 'core',
         queue: jax.Array | None = None) -> common.LossOutput:
-  """Contrastive Multiview Coding (Tian et al. 2019; slides 004 eqs. 5-6).
+  """Contrastive Multiview Coding (Tian et al. 2019, Sec. 3).
 
   For two views V_a, V_b, L(V_a, V_b) = L_contrast^{a,b} + L_contrast^{b,a}
-  (slides eq. 6), where L_contrast^{a,b} fixes view a of each instance as the
+  (the paper's two-view objective), where L_contrast^{a,b} fixes view a of each instance as the
   anchor and enumerates view b: the same instance's view b is the positive,
   view b of the other N - 1 instances (and every queue row, if given) are the
-  negatives (slides eq. 5, a (K+1)-way softmax with h = exp(cos / tau)). Each
+  negatives (a (K+1)-way softmax with h = exp(cos / tau)). Each
   directional term is a mean over the N anchors.
 
-  With V views (slides "Contrastive Learning with Multiple Views"):
+  With V views (the paper's "Contrastive Learning with More than Two Views"):
     * graph='core': L_C = sum_{j>=1} L(V_0, V_j), view 0 is the core view;
     * graph='full': L_F = sum_{a<b} L(V_a, V_b) (the CMC paper's eq. 8, the
       form the CACR paper's CMC baseline uses).

@@ -5,9 +5,9 @@ positive alignment m (Eqs. 8, 9) and (ii) each anchor's loss divided by
 sg(W_i), the softmax mass on its negatives (Eqs. 11, 14), which removes the
 "gradient reduction" of easy anchors. With the temperature held fixed, Eq. 14
 has exactly the gradients of DCL (Yeh et al. 2021) with the same negative set:
--1 on the positive logit and P_hat_ij on each negative (notes/macl.md Sec. 2.8).
+-1 on the positive logit and P_hat_ij on each negative (docs/losses.md, MACL).
 
-Numerics (notes/macl.md Sec. 3.5). Per (anchor, positive) let
+Numerics (docs/losses.md, MACL). Per (anchor, positive) let
 x = logsumexp(negative logits) - positive logit. Then -log P_pos = softplus(x),
 log W = log_sigmoid(x) (never 1 - P_pos, which cancels to 0 in float32 for
 easy anchors) and Eq. 14's value is softplus(x) / sigmoid(x) >= 1. The loss is
@@ -32,7 +32,7 @@ def adaptive_temperature(m: jax.Array, *, temperature: float, variant: str,
   """tau' of Eq. 8 (variant 'a': tau0 alpha^m) or Eq. 9 ('b': tau0 (1+beta m)).
 
   m in [-1, 1] is the batch mean positive cosine; the floor 1e-4 only matters
-  for beta >= 1 with m -> -1 (notes/macl.md Sec. 2.5).
+  for beta >= 1 with m -> -1, where Eq. 9 reaches 0.
   """
   if variant == 'a':
     tau = temperature * alpha ** m
@@ -69,7 +69,7 @@ def macl(
   ordered pairs of distinct views of the same instance, and is itself
   stop-gradiented (Eq. 10): one scalar per step, shared by all anchors.
 
-  Layouts (notes/macl.md Sec. 10 item 1):
+  Layouts (docs/losses.md, MACL):
     * 'cross_view' (default; the equations and the released code, made
       symmetric): anchor z_i^(v) against the keys of one other view u:
       positive z_i^(u), negatives z_j^(u), j != i (N - 1). For V > 2 every

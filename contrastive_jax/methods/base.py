@@ -37,6 +37,7 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import losses
 from contrastive_jax import schedules
+from input_pipeline import augment
 
 Views = tuple[jax.Array, ...]
 
@@ -178,16 +179,7 @@ def num_views(views: Views) -> int:
 def select_views(views: Views, ids: Sequence[int]) -> Views:
   """Views `ids` (in that order) as groups of consecutive equal-size runs."""
   flat = [g[:, i] for g in views for i in range(g.shape[1])]
-  picked = [flat[i] for i in ids]
-  groups, run = [], [picked[0]]
-  for view in picked[1:]:
-    if view.shape == run[-1].shape:
-      run.append(view)
-    else:
-      groups.append(jnp.stack(run, axis=1))
-      run = [view]
-  groups.append(jnp.stack(run, axis=1))
-  return tuple(groups)
+  return augment.group_by_size([flat[i] for i in ids])
 
 
 def forward(model, variables, views: Views, *, embedding: str = 'projection'):

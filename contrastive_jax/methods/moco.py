@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import losses
 from contrastive_jax import models
-from contrastive_jax import state as state_lib
+from contrastive_jax.losses.common import l2_normalize
 from contrastive_jax.methods import base
 
 
@@ -62,7 +62,7 @@ class Method(base.Method):
     single parameter tree for the online and key encoders.
     """
     # .get: a config.json written before the option existed has none.
-    hidden = config.moco.get('predictor_hidden_dim', 0)
+    hidden = config.moco.predictor_hidden_dim
     if not hidden:
       return model
     return models.WithPredictor(base=model, hidden_dim=hidden,
@@ -85,7 +85,7 @@ class Method(base.Method):
           f'config.moco.queue_size={q} must be 0 (no queue) or a multiple of '
           f'the global batch size {b} (MoCo writes whole batches into the '
           'queue; a batch must never wrap around its end).')
-    if mc.get('predictor_hidden_dim', 0) < 0:
+    if mc.predictor_hidden_dim < 0:
       raise ValueError(f'config.moco.predictor_hidden_dim='
                        f'{mc.predictor_hidden_dim} must be >= 0 (0: no '
                        'predictor; MoCo v3 uses 4096).')
@@ -108,7 +108,7 @@ class Method(base.Method):
                key_views=tuple(mc.key_views), queue_size=int(mc.queue_size),
                shuffle_bn=bool(mc.shuffle_bn), enqueue_keys=mc.enqueue_keys,
                momentum=base.momentum(config, ctx),
-               predictor_hidden_dim=int(mc.get('predictor_hidden_dim', 0)))
+               predictor_hidden_dim=int(mc.predictor_hidden_dim))
 
   def init(self, rngs, variables, *, out_dim: int) -> State:
     # The key encoder starts as a copy of the online one (MoCo, BYOL).
@@ -117,7 +117,7 @@ class Method(base.Method):
                   key_batch_stats=copy(variables.get('batch_stats', {})))
     if self.queue_size:
       state = state.replace(
-          queue=state_lib.init_queue(rngs['queue'], self.queue_size, out_dim),
+          queue=init_queue(rngs['queue'], self.queue_size, out_dim),
           queue_ptr=jnp.zeros((), jnp.int32))
     return state
 
@@ -138,7 +138,7 @@ class Method(base.Method):
     m = self.momentum(state.step)
     # MoCo's order: update the key encoder from the current online weights,
     # then compute the keys with it.
-    key_params = state_lib.ema_update(ms.key_params, state.params, m)
+    key_params = ema_update(ms.key_params, state.params, m)
     key_z, key_bs = key_forward(
         model, {'params': key_params, 'batch_stats': ms.key_batch_stats},
         base.select_views(batch['views'], self.key_views), rng,
@@ -178,7 +178,7 @@ class Method(base.Method):
       keys = losses.l2_normalize(key_z).mean(axis=1)
     else:
       keys = losses.l2_normalize(key_z[:, 0])
-    queue, ptr = state_lib.enqueue(ms.queue, ms.queue_ptr, keys)
+    queue, ptr = enqueue(ms.queue, ms.queue_ptr, keys)
     return ms.replace(queue=queue, queue_ptr=ptr)
 
 
@@ -216,3 +216,56 @@ def key_forward(model, variables, views: base.Views, rng, *,
             flat[perm])
     zs.append(z[jnp.argsort(perm)].reshape(b, v, -1))
   return (zs[0] if len(zs) == 1 else jnp.concatenate(zs, axis=1)), batch_stats
+
+
+def ema_update(target: Any, online: Any, momentum: jax.Array | float) -> Any:
+  """Returns momentum * target + (1 - momentum) * online, leaf by leaf.
+
+  The online parameters enter under `stop_gradient`: the key encoder is a
+  slowly moving copy of the online one, not a function of it that gradients
+  may flow through (MoCo's `param_k.data = ...` outside autograd; BYOL
+  `_update_target`). Without it a step that differentiates through the keys
+  would push gradients into the online weights via the EMA.
+
+  momentum = 1 keeps `target`; momentum = 0 copies `online`.
+  """
+  m = jnp.asarray(momentum, jnp.float32)
+  return jax.tree.map(
+      lambda t, o: (m * t + (1. - m) * jax.lax.stop_gradient(o)).astype(
+          t.dtype), target, online)
+
+
+def init_queue(rng: jax.Array, size: int, dim: int) -> jax.Array:
+  """MoCo's initial queue: random unit vectors, [size, dim] float32."""
+  return l2_normalize(jax.random.normal(rng, (size, dim), jnp.float32))
+
+
+def enqueue(queue: jax.Array, ptr: jax.Array, keys: jax.Array
+            ) -> tuple[jax.Array, jax.Array]:
+  """MoCo's `_dequeue_and_enqueue`: write `keys` at `ptr`, oldest out first.
+
+  `keys` is the whole global batch [B, D] in global order (under jit it is one
+  global array, so MoCo's `concat_all_gather` is implicit). Requires
+  Q % B == 0 (checked at startup by `Method.validate`), so a write never
+  wraps inside a batch.
+
+  The write is a scatter of the B rows ptr, ..., ptr + B - 1, not a
+  `dynamic_update_slice`: the train step keeps the queue sharded by rows over
+  the devices, and XLA's SPMD partitioner turns a dynamic_update_slice at a
+  traced offset along a sharded axis into an all-gather of the whole [Q, D]
+  queue (32 MiB per device per step at Q = 65536, D = 128), while a scatter
+  is partitioned locally: each device shifts the row indices by its shard's
+  offset and drops the rows it does not own (only the small [B, D] keys are
+  all-gathered). On one device both are the same in-place B-row write.
+  tests/test_queue_sharding.py checks the compiled step for the all-gather.
+
+  Returns:
+    (new_queue, (ptr + B) % Q).
+  """
+  q, b = queue.shape[0], keys.shape[0]
+  # Keys are targets, not a path for gradients (MoCo enqueues detached keys).
+  keys = jax.lax.stop_gradient(keys).astype(queue.dtype)
+  rows = ptr + jnp.arange(b, dtype=ptr.dtype)    # In bounds: Q % B == 0.
+  new_queue = queue.at[rows].set(keys, indices_are_sorted=True,
+                                 unique_indices=True)
+  return new_queue, ((ptr + b) % q).astype(ptr.dtype)

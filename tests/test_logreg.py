@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
 
-from contrastive_jax.evaluators import linear_probe
+from contrastive_jax.evaluators import logreg
 
 import compilations
 
@@ -43,7 +43,7 @@ def test_logistic_regression_matches_sklearn():
   test_x, test_y = gaussian_mixture(0, 4000)
   test_x, test_y = test_x[3000:], test_y[3000:]   # same mixture, fresh draws
   l2 = 1e-3
-  got = linear_probe.logistic_regression(
+  got = logreg.logistic_regression(
       train_x, train_y, test_x, test_y, num_classes=8, l2=l2, normalize=True,
       max_iter=500, tol=1e-6)
   # Same objective in sklearn's parametrisation: C * sum(CE) + ||W||^2 / 2
@@ -64,10 +64,10 @@ def test_logistic_regression_matches_sklearn():
 def test_logistic_regression_normalize_flag():
   train_x, train_y = gaussian_mixture(1, 600, dim=10, num_classes=4)
   test_x, test_y = gaussian_mixture(2, 300, dim=10, num_classes=4)
-  a = linear_probe.logistic_regression(train_x, train_y, test_x, test_y,
+  a = logreg.logistic_regression(train_x, train_y, test_x, test_y,
                                        num_classes=4, normalize=True,
                                        max_iter=50)
-  b = linear_probe.logistic_regression(
+  b = logreg.logistic_regression(
       unit_rows(train_x).astype(np.float32), train_y,
       unit_rows(test_x).astype(np.float32), test_y, num_classes=4,
       normalize=False, max_iter=50)
@@ -88,10 +88,10 @@ def test_masked_rows_are_left_out_of_the_fit_and_the_accuracy():
   noisy_x[~mask] = 50.            # would dominate the fit if counted
   noisy_y = np.where(mask, y, 3)
   kw = dict(num_classes=4, l2=1e-3, max_iter=200)
-  want = linear_probe.logistic_regression(x[mask][:60], y[mask][:60],
+  want = logreg.logistic_regression(x[mask][:60], y[mask][:60],
                                           x[mask][60:], y[mask][60:], **kw)
   n_train = np.flatnonzero(mask)[59] + 1     # first 60 real rows: train
-  got = linear_probe.logistic_regression(
+  got = logreg.logistic_regression(
       noisy_x[:n_train], noisy_y[:n_train], noisy_x[n_train:],
       noisy_y[n_train:], train_mask=mask[:n_train], test_mask=mask[n_train:],
       **kw)
@@ -115,13 +115,13 @@ def test_lbfgs_in_chunks_follows_one_plain_loop_and_reports_progress():
   x, y = gaussian_mixture(1, 500)
   xs = unit_rows(x).astype(np.float32)
   calls = []
-  linear_probe._lbfgs_until.clear_cache()
-  got = linear_probe.logistic_regression(
+  logreg._lbfgs_until.clear_cache()
+  got = logreg.logistic_regression(
       x, y, x[:50], y[:50], num_classes=8, l2=1e-3, max_iter=23, tol=0.,
       precondition=False,
       on_progress=lambda it, total: calls.append((it, total)))
   assert calls == [(i, 23) for i in (3, 6, 9, 12, 15, 18, 21, 23)]
-  assert linear_probe._lbfgs_until._cache_size() == 1
+  assert logreg._lbfgs_until._cache_size() == 1
 
   def obj(p):
     logits = jnp.asarray(xs) @ p['w'] + p['b']
@@ -147,7 +147,7 @@ def test_lbfgs_in_chunks_follows_one_plain_loop_and_reports_progress():
 
 
 def test_sharded_features_compile_the_chunks_once():
-  """On the evaluation's mesh (features sharded by rows, as evaluate.py
+  """On the evaluation's mesh (features sharded by rows, as the evaluators
   holds them) the chunks share one compilation too: the first chunk's carry
   is placed as the chunks return it (replicated on the mesh); an unplaced
   one compiled the loop twice per feature width."""
@@ -158,12 +158,12 @@ def test_sharded_features_compile_the_chunks_once():
   rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
   x, y = gaussian_mixture(2, 512)
   sharded = [jax.device_put(a, rows) for a in (x, y, x[:64], y[:64])]
-  linear_probe._lbfgs_until.clear_cache()
-  got = linear_probe.logistic_regression(*sharded, num_classes=8, l2=1e-3,
+  logreg._lbfgs_until.clear_cache()
+  got = logreg.logistic_regression(*sharded, num_classes=8, l2=1e-3,
                                          max_iter=20, tol=0.)
   assert got['num_iter'] == 20           # ten chunks of two iterations ran
-  assert linear_probe._lbfgs_until._cache_size() == 1
-  want = linear_probe.logistic_regression(x, y, x[:64], y[:64], num_classes=8,
+  assert logreg._lbfgs_until._cache_size() == 1
+  want = logreg.logistic_regression(x, y, x[:64], y[:64], num_classes=8,
                                           l2=1e-3, max_iter=20, tol=0.)
   assert abs(got['loss'] - want['loss']) <= 1e-5 * abs(want['loss'])
 
@@ -185,11 +185,11 @@ def test_on_a_mesh_each_device_multiplies_by_its_rows_of_the_preconditioner():
       np.ones((n, d), np.float32), np.zeros(n, np.int32),
       np.ones(n, np.float32)))
   carry, mu, precond = jax.device_put(
-      (linear_probe._initial_carry(c, d), np.zeros(d, np.float32),
+      (logreg._initial_carry(c, d), np.zeros(d, np.float32),
        np.eye(d, dtype=np.float32)), replicated)
-  hlo = linear_probe._lbfgs_until.lower(
+  hlo = logreg._lbfgs_until.lower(
       carry, x, y, mask, np.float32(1e-3), mu, precond, np.float32(0.),
-      np.int32(5), layout=linear_probe._layout(x)).compile().as_text()
+      np.int32(5), layout=logreg._layout(x)).compile().as_text()
   gathered = [np.prod([int(s) for s in shape.split(',')]) for shape in
               re.findall(r'= f32\[([\d,]+)\]\S* all-gather\(', hlo)]
   assert gathered and max(gathered) == c * 24, gathered
@@ -218,7 +218,7 @@ def test_preconditioning_reaches_the_optimum_in_fewer_iterations():
   best = objective(ref.coef_.T, ref.intercept_, x.astype(np.float64), y, l2)
 
   def gap(**kw):
-    got = linear_probe.logistic_regression(
+    got = logreg.logistic_regression(
         x, y, x[:10], y[:10], num_classes=classes, l2=l2, normalize=False,
         tol=0., **kw)
     return (got['loss'] - best) / best
@@ -241,5 +241,5 @@ def test_a_probe_on_new_shapes_builds_six_programs():
   x = np.concatenate([x, x[:, :7]], axis=1)     # a width no test used
   args = [jax.device_put(a, rows) for a in (x, y, x[:64], y[:64])]
   with compilations.programs_built() as built:
-    linear_probe.logistic_regression(*args, num_classes=8, max_iter=4)
+    logreg.logistic_regression(*args, num_classes=8, max_iter=4)
   assert len(built) <= 6

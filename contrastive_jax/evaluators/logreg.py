@@ -1,4 +1,4 @@
-"""The fast linear probe on frozen (cached) features: preconditioned L-BFGS.
+"""Logistic regression on frozen (cached) features: preconditioned L-BFGS.
 
 `logistic_regression`: full-batch multinomial logistic regression with L2
 regularisation, solved to convergence with L-BFGS on a whitened
@@ -10,7 +10,9 @@ monitoring, ablations and small features (features optionally L2-normalised
 first). Its numbers are not the papers' protocol, which trains a classifier by SGD on augmented images
 through the frozen encoder: that is `linear_eval.py`.
 
-Accuracies are fractions in [0, 1].
+Accuracies are fractions in [0, 1]. `LogReg` is the evaluator
+(`config.evals.<name>.type = 'logreg'`), the 'linear' accuracy of every
+results.json.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import numpy as np
 import optax
 import scipy.linalg.lapack
 
+from contrastive_jax import progress
+from contrastive_jax.evaluators import base
 from contrastive_jax.losses.common import l2_normalize
 
 
@@ -394,3 +398,45 @@ def logistic_regression(train_x, train_y, test_x, test_y, *, num_classes: int,
       'num_iter': int(count),
       'grad_norm': float(grad_norm),
   }
+
+
+class LogReg(base.Evaluator):
+  """`logistic_regression` on L2-normalised features of the training split,
+  scored on the evaluation split.
+
+  Config fields: `l2` (the regulariser), `max_iter` (L-BFGS iterations).
+  Metrics: 'linear_top1', 'linear_top5', ... (`logistic_regression`'s).
+  """
+  type = 'logreg'
+  DEFAULTS = {'l2': 1e-5, 'max_iter': 50}
+  UNITS = 10      # Its share of a progress bar, filled with its iterations.
+
+  def validate(self, config, *, num_devices: int,
+               num_train: int | None = None) -> None:
+    if self.cfg.max_iter < 1:
+      raise ValueError(f'config.evals.{self.name}.max_iter='
+                       f'{self.cfg.max_iter} must be >= 1 (to turn it off: '
+                       f'config.evals.{self.name}.every_steps=-1).')
+
+  def units(self, env) -> int:
+    return self.UNITS
+
+  def __call__(self, rep: base.Representation, *, bar=progress.NO_BAR
+               ) -> dict[str, float]:
+    train, test = rep.features('train'), rep.features('test')
+    shown = [0]    # Units shown so far: UNITS over max_iter.
+
+    def on_progress(iterations, max_iter):
+      units = self.UNITS * iterations // max_iter
+      bar.update(units - shown[0])
+      shown[0] = units
+      bar.set_postfix_str(f'logistic regression (L-BFGS), iteration '
+                          f'{iterations}/{max_iter}')
+
+    out = logistic_regression(
+        train.x, train.label, test.x, test.label,
+        num_classes=rep.env.num_classes, l2=self.cfg.l2,
+        max_iter=self.cfg.max_iter, train_mask=train.mask,
+        test_mask=test.mask, on_progress=on_progress)
+    bar.update(self.UNITS - shown[0])    # Converged early: the rest at once.
+    return {f'linear_{k}': float(v) for k, v in out.items()}

@@ -1,0 +1,154 @@
+"""The one place a config meets the defaults of `configs/base.py`, and its
+checks.
+
+Every config in configs/ builds on `configs/base.py`; a run's saved
+`config.json` may predate options added since. `with_defaults` completes any
+config from base's values (and each `config.evals` entry from its evaluator
+type's), so no module needs a fallback for a missing key, and rejects keys
+base does not know (a typo would otherwise be ignored).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+
+from configs import base as base_config
+from contrastive_jax import evaluators
+from contrastive_jax import losses
+from contrastive_jax import methods
+from contrastive_jax import optim
+from contrastive_jax import schedules
+from input_pipeline import augment
+
+# Sub-dicts whose keys are the config's own (names, or a function's keyword
+# arguments), not base's.
+_FREE = ('loss_kwargs', 'loss_schedules', 'evals', 'encoder_kwargs')
+
+
+def _tuples(x):
+  # JSON has no tuples; modules take them (e.g. widths, ks).
+  if isinstance(x, dict):
+    return {k: _tuples(v) for k, v in x.items()}
+  if isinstance(x, list):
+    return tuple(_tuples(v) for v in x)
+  return x
+
+
+# Options renamed since a run may have saved its config.json.
+RENAMED = {
+    'eval.knn_ks': 'evals.knn.ks',
+    'eval.knn_temperature': 'evals.knn.temperature',
+    'eval.linear_l2': 'evals.linear.l2',
+    'eval.linear_max_iter': 'evals.linear.max_iter',
+    'eval.linear_eval': 'evals.linear_eval.preset',
+    'eval.linear_eval_epochs': 'evals.linear_eval.epochs',
+    'eval.linear_eval_batch_size': 'evals.linear_eval.batch_size',
+    'online.knn_every_steps': 'evals.online_knn.every_steps',
+    'online.knn_k': 'evals.online_knn.ks',
+    'online.knn_bank_size': 'evals.online_knn.bank_size',
+    'online.knn_num_queries': 'evals.online_knn.num_queries',
+    'online.linear_probe': 'online.classifier',
+    'online.probe_learning_rate': 'online.classifier_learning_rate',
+}
+
+
+def _merge(defaults: dict, values: dict, path: str = '') -> dict:
+  out = dict(defaults)
+  for key, value in values.items():
+    name = path + key
+    if key not in defaults and path[:-1] not in _FREE:
+      hint = (f'; it is config.{RENAMED[name]} now' if name in RENAMED else
+              ' (configs/base.py lists every option); check its spelling')
+      raise ValueError(f'config.{name} is not an option{hint}.')
+    if (isinstance(value, dict) and isinstance(defaults.get(key), dict)
+        and key not in _FREE):
+      out[key] = _merge(defaults[key], value, name + '.')
+    else:
+      out[key] = value
+  return out
+
+
+def with_defaults(config: ml_collections.ConfigDict | dict[str, Any]
+                  ) -> ml_collections.ConfigDict:
+  """`config` over `configs/base.py`'s defaults, evaluator entries completed.
+
+  Accepts a ConfigDict or the plain dict of a saved config.json (lists become
+  tuples). A config that sets `evals` has exactly its own entries; one
+  without any (an older config.json) gets base's.
+  """
+  values = _tuples(config.to_dict() if hasattr(config, 'to_dict')
+                   else dict(config))
+  defaults = _tuples(base_config.get_config().to_dict())
+  merged = _merge(defaults, values)
+  merged['evals'] = {
+      name: {**evaluators.entry_defaults(name, entry), **entry}
+      for name, entry in merged['evals'].items()}
+  return ml_collections.ConfigDict(merged)
+
+
+def load(workdir: str) -> ml_collections.ConfigDict:
+  """A run's config from `<workdir>/config.json`, with the defaults."""
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'{path} not found: is {workdir!r} the --workdir '
+                            'of a training run?')
+  with open(path) as f:
+    return with_defaults(json.load(f))
+
+
+def validate(config, num_devices: int | None = None) -> None:
+  """Checks everything that can be checked before data or compilation.
+
+  `config` has its defaults (`with_defaults`); `num_devices` defaults to
+  every device of the job. What needs the data's size is checked by the
+  evaluators once it is known (`evaluators.validate(..., num_train=...)`).
+  """
+  method = methods.get(config.method)
+  losses.get_loss(config.loss)
+  v = config.augment.num_views
+  augment.build_views(config.augment.preset, v, config.augment.overrides)
+  n = jax.device_count() if num_devices is None else num_devices
+  b = config.batch_size
+  if b % n:
+    raise ValueError(f'config.batch_size={b} is not divisible '
+                     f'by the {n} devices; use a multiple of {n}.')
+  if config.eval.batch_size % n:
+    raise ValueError(f'config.eval.batch_size={config.eval.batch_size} is not '
+                     f'divisible by the {n} devices; use a multiple of {n}.')
+  method.validate(config, n)
+  for name, kind in dict(config.loss_schedules).items():
+    if name not in methods.base.loss_parameters(config.loss):
+      raise ValueError(f'config.loss_schedules.{name}: {config.loss!r} has no '
+                       f'keyword argument {name!r}.')
+    schedules.build(kind, 0., total_steps=1, steps_per_epoch=1, num_epochs=1,
+                    name=f'config.loss_schedules.{name}')
+  # The schedule's own checks (its kind), on a dummy length.
+  optim.learning_rate_schedule(config, total_steps=1)
+  evaluators.validate(config, num_devices=n)
+  ds = config.dataset
+  if not isinstance(ds.validation_size, int) or ds.validation_size < 0:
+    raise ValueError(f'config.dataset.validation_size={ds.validation_size!r} '
+                     'must be an int >= 0 (0: no validation holdout).')
+  if config.eval.split not in ('test', 'validation'):
+    raise ValueError(f'config.eval.split={config.eval.split!r} must be '
+                     '"test" or "validation".')
+  if config.eval.split == 'validation' and not ds.validation_size:
+    raise ValueError('config.eval.split="validation" scores the holdout; set '
+                     'config.dataset.validation_size > 0 (e.g. 10000).')
+  if ds.imbalance not in ('none', 'linear', 'exponential'):
+    raise ValueError(f'config.dataset.imbalance={ds.imbalance!r}; known: '
+                     'none, linear, exponential.')
+  if ds.imbalance_levels < 0:
+    raise ValueError(f'config.dataset.imbalance_levels={ds.imbalance_levels} '
+                     'must be >= 0 (0: min(num_classes, 10)).')
+  if (ds.validation_size or ds.imbalance != 'none') and not ds.in_memory:
+    raise ValueError('config.dataset.validation_size and .imbalance need '
+                     'config.dataset.in_memory=True.')
+  if not 0 <= ds.max_bad_fraction <= 1:
+    raise ValueError(f'config.dataset.max_bad_fraction={ds.max_bad_fraction} '
+                     'must be in [0, 1] (0: stop at the first bad record).')

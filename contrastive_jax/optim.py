@@ -1,0 +1,128 @@
+"""The optimizer and its learning-rate schedule, from `config.optimizer`.
+
+Linear scaling (peak lr = base_learning_rate x batch / 256), warmup, then
+cosine decay or step decay; AdamW, SGD with momentum, or LARS (optax's, or
+solo-learn's clipped variant). Weight decay and LARS adaptation skip biases
+and BatchNorm parameters (1-D leaves).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def learning_rate_schedule(config, total_steps: int) -> optax.Schedule:
+  """Step -> learning rate: linear warmup, then cosine decay to 0 or steps.
+
+  `config.optimizer.schedule`: 'cosine' (SimCLR, MoCo v2/v3) or 'step'
+  (InsDis, MoCo v1: multiplied by `lr_decay` at each of `decay_epochs`).
+  The warmup rises linearly from `warmup_init_lr` (an absolute learning
+  rate: 0 for SimCLR and MoCo v3, 0.01 for SupContrast) to the peak.
+  """
+  opt = config.optimizer
+  # Linear scaling rule (Goyal et al. 2017): lr = base_lr * batch / 256.
+  peak = opt.base_learning_rate * config.batch_size / 256
+  warmup = int(opt.warmup_fraction * total_steps)
+  init = opt.warmup_init_lr
+  kind = opt.schedule
+  if kind == 'cosine' and not opt.warmup_fraction:
+    # No warmup configured (MoCo v2): the peak from step 0. (A warmup that
+    # rounds to 0 steps keeps optax's 1-step warmup, as runs always have.)
+    return optax.cosine_decay_schedule(peak, max(total_steps, 1))
+  if kind == 'cosine':
+    # warmup + 2: a run of 0 or 1 steps (the study's untrained baselines)
+    # still gets a valid schedule; from 2 steps on this is total_steps.
+    return optax.warmup_cosine_decay_schedule(
+        init_value=init, peak_value=peak, warmup_steps=max(warmup, 1),
+        decay_steps=max(total_steps, warmup + 2), end_value=0.)
+  if kind != 'step':
+    raise ValueError(f'config.optimizer.schedule={kind!r}; known: cosine, '
+                     'step.')
+  steps_per_epoch = total_steps / float(config.num_epochs)
+  steps = optax.piecewise_constant_schedule(peak, {
+      int(round(e * steps_per_epoch)): opt.lr_decay
+      for e in opt.decay_epochs})
+  if not warmup:
+    return steps
+  return optax.join_schedules(
+      [optax.linear_schedule(init, peak, warmup),
+       lambda step: steps(step + warmup)], [warmup])
+
+
+def scale_by_clipped_trust_ratio(trust_coefficient: float,
+                                 weight_decay: float,
+                                 learning_rate: optax.Schedule, *, mask,
+                                 eps: float = 1e-8
+                                 ) -> optax.GradientTransformation:
+  """solo-learn's LARS adaptation with `clip_lr` (solo/utils/lars.py).
+
+  For a leaf w of `mask` with gradient g (both nonzero) at learning rate lr:
+    ratio = eta ||w|| / (||g|| + wd ||w|| + eps)
+    u = min(ratio / lr, 1) (g + wd w)
+  so that after the momentum trace and the step's x lr, the layer's rate is
+  min(eta ||w|| / (||g|| + wd ||w||), lr): the trust ratio caps the global lr
+  and never raises it. Other leaves (biases, BN) and zero w or g pass g
+  unchanged, without weight decay, as solo-learn's `exclude_bias_n_norm`.
+  lr is `learning_rate` at this transformation's own step count, which
+  advances with `optax.scale_by_learning_rate`'s.
+  """
+
+  def init_fn(params):
+    del params
+    return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+  def update_fn(updates, state, params):
+    lr = learning_rate(state.count)
+
+    def leaf(g, w, adapt):
+      if not adapt:
+        return g
+      w_norm, g_norm = jnp.linalg.norm(w), jnp.linalg.norm(g)
+      ratio = trust_coefficient * w_norm / (g_norm + weight_decay * w_norm
+                                            + eps)
+      factor = jnp.where(ratio < lr, ratio / jnp.where(lr > 0, lr, 1.), 1.)
+      return jnp.where((w_norm > 0) & (g_norm > 0),
+                       factor * (g + weight_decay * w), g)
+
+    out = jax.tree.map(leaf, updates, params, mask(params))
+    return out, optax.ScaleByScheduleState(
+        count=optax.safe_int32_increment(state.count))
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def create_optimizer(config, schedule: optax.Schedule
+                     ) -> optax.GradientTransformation:
+  """The configured optimizer on `schedule` (`learning_rate_schedule`).
+
+  Weight decay skips biases and BatchNorm scales/offsets (1-D leaves), as is
+  standard for SimCLR/MoCo-style training. LARS takes its trust coefficient
+  from `trust_coefficient` (SimCLR and MoCo v3: 0.001; solo-learn's `eta`)
+  and with `clip_lr` caps each layer's rate at the global lr, as solo-learn
+  (`scale_by_clipped_trust_ratio`).
+  """
+  opt = config.optimizer
+  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim > 1, params)
+  if opt.name == 'adamw':
+    return optax.adamw(schedule, weight_decay=opt.weight_decay,
+                       mask=decay_mask)
+  if opt.name == 'sgd':
+    return optax.chain(
+        optax.add_decayed_weights(opt.weight_decay, mask=decay_mask),
+        optax.sgd(schedule, momentum=opt.momentum, nesterov=False))
+  if opt.name == 'lars':
+    trust = opt.trust_coefficient
+    if not opt.clip_lr:
+      return optax.lars(schedule, weight_decay=opt.weight_decay,
+                        weight_decay_mask=decay_mask,
+                        trust_ratio_mask=decay_mask, momentum=opt.momentum,
+                        trust_coefficient=trust)
+    return optax.chain(
+        scale_by_clipped_trust_ratio(trust, opt.weight_decay, schedule,
+                                     mask=decay_mask),
+        optax.trace(decay=opt.momentum),
+        optax.scale_by_learning_rate(schedule))
+  raise ValueError(f'unknown optimizer {opt.name!r} (config.optimizer.name); '
+                   'known: adamw, sgd, lars.')

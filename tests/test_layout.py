@@ -1,0 +1,135 @@
+"""The package's structure: no import circle, a loop that reads in one screen,
+no side effects on import, every evaluator type registered and defaulted."""
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, 'contrastive_jax')
+
+
+def _modules() -> dict[str, str]:
+  """contrastive_jax's module names -> their files."""
+  out = {}
+  for folder, _, files in os.walk(PACKAGE):
+    for f in files:
+      if f.endswith('.py'):
+        path = os.path.join(folder, f)
+        name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, '.')
+        out[name.removesuffix('.__init__')] = path
+  return out
+
+
+def _imports(name: str, path: str, modules) -> set[str]:
+  """The package modules `name` imports, at any depth of its code (lazy
+  imports inside functions included). `from a import b` imports module a.b
+  when there is one, else a."""
+  deps = set()
+  for node in ast.walk(ast.parse(open(path).read())):
+    if isinstance(node, ast.ImportFrom) and node.module:
+      for alias in node.names:
+        full = f'{node.module}.{alias.name}'
+        deps.add(full if full in modules else node.module)
+    elif isinstance(node, ast.Import):
+      deps.update(alias.name for alias in node.names)
+  return {d for d in deps if d in modules and d != name}
+
+
+def test_no_module_imports_one_that_imports_it_back():
+  modules = _modules()
+  graph = {m: _imports(m, p, modules) for m, p in modules.items()}
+
+  def reachable(start):
+    seen, todo = set(), [start]
+    while todo:
+      for dep in graph[todo.pop()]:
+        if dep not in seen:
+          seen.add(dep)
+          todo.append(dep)
+    return seen
+
+  circles = sorted(m for m in graph if m in reachable(m))
+  assert not circles, f'modules on an import circle: {circles}'
+
+
+def test_the_checker_finds_a_circle(tmp_path):
+  # The same walk on two modules that import each other lazily.
+  (tmp_path / 'a.py').write_text('def f():\n  from pkg import b\n')
+  (tmp_path / 'b.py').write_text('from pkg import a\n')
+  modules = {'pkg.a': str(tmp_path / 'a.py'), 'pkg.b': str(tmp_path / 'b.py')}
+  assert _imports('pkg.a', modules['pkg.a'], modules) == {'pkg.b'}
+  assert _imports('pkg.b', modules['pkg.b'], modules) == {'pkg.a'}
+
+
+def test_the_training_loop_reads_in_one_screen():
+  tree = ast.parse(open(os.path.join(PACKAGE, 'train.py')).read())
+  loop = next(n for n in tree.body if isinstance(n, ast.FunctionDef)
+              and n.name == 'train_and_evaluate')
+  assert loop.end_lineno - loop.lineno + 1 < 90
+
+
+def test_importing_the_package_changes_no_environment():
+  code = ('import os; before = dict(os.environ); import contrastive_jax, '
+          'contrastive_jax.train, contrastive_jax.losses; '
+          'print(sorted(set(os.environ.items()) ^ set(before.items())))')
+  env = {k: v for k, v in os.environ.items() if k != 'PJRT_NPROC'}
+  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
+  out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == '[]'
+
+
+def test_every_evaluator_type_is_registered_with_its_defaults():
+  from configs import base
+  from contrastive_jax import config_lib
+  from contrastive_jax import evaluators
+  assert set(evaluators.TYPES) == {'knn', 'logreg', 'linear_eval',
+                                   'diagnostics'}
+  config = config_lib.with_defaults(base.get_config())
+  built = evaluators.build(config)
+  # base.py: kNN and logistic regression after training, the kNN monitor
+  # every 200 steps, the papers' linear evaluation off (-1).
+  assert {n: (e.type, e.every_steps) for n, e in built.items()} == {
+      'knn': ('knn', 0), 'linear': ('logreg', 0), 'online_knn': ('knn', 200)}
+
+
+def test_a_saved_config_takes_the_defaults_and_names_renamed_options():
+  from configs import base
+  from contrastive_jax import config_lib
+  saved = base.get_config().to_dict()
+  del saved['optimizer']['clip_lr']           # an option added since
+  assert config_lib.with_defaults(saved).optimizer.clip_lr is False
+  saved['eval']['knn_ks'] = [200]             # an option renamed since
+  with pytest.raises(ValueError, match='config.evals.knn.ks'):
+    config_lib.with_defaults(saved)
+  saved = base.get_config().to_dict()
+  saved['optimizer']['clip_llr'] = True       # a typo
+  with pytest.raises(ValueError, match='clip_llr is not an option'):
+    config_lib.with_defaults(saved)
+
+
+def test_no_file_refers_to_a_path_outside_the_repository():
+  # A reader of the repository cannot follow a path to a sibling folder of
+  # the checkout, a private notes folder or a machine's absolute path.
+  import re
+  import subprocess as sp
+  files = sp.run(['git', 'ls-files'], cwd=ROOT, capture_output=True,
+                 text=True, check=True).stdout.split()
+  pattern = re.compile('|'.join((r'\.\./' + 'shared', r'(?<![\w.-])notes/\w+\.md',
+                                 '/' + r'work/\w')))
+  found = []
+  for name in files:
+    if name.startswith('benchmarks/accelerator_results/') or name.endswith(
+        ('.png', '.npz', '.json')):
+      continue          # Raw measurement reports and binary files.
+    try:
+      text = open(os.path.join(ROOT, name), encoding='utf-8').read()
+    except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
+      continue
+    found += [f'{name}: {m.group(0)}' for m in pattern.finditer(text)]
+  assert not found, found
