@@ -294,3 +294,17 @@ def test_step_without_a_mesh_equals_the_one_device_mesh_step():
                                atol=1e-5 * max(1., float(np.max(np.abs(b)))))
   jax.tree.map(close, s_plain, s_mesh)
   jax.tree.map(close, jax.device_get(m_plain), jax.device_get(m_mesh))
+
+
+def test_shuffle_bn_on_one_device_is_said_to_do_nothing(caplog):
+  import logging  # pylint: disable=g-import-not-at-top
+  from configs import moco_v2  # pylint: disable=g-import-not-at-top
+  config = config_lib.with_defaults(moco_v2.get_config())
+  config.moco.shuffle_bn = True
+  with caplog.at_level(logging.WARNING):
+    config_lib.validate(config, num_devices=1)
+  assert 'shuffle-BN changes nothing here' in caplog.text
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    config_lib.validate(config, num_devices=8)
+  assert 'shuffle-BN' not in caplog.text

@@ -18,6 +18,7 @@ from typing import Any
 
 import flax
 import jax
+from absl import logging
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -61,7 +62,6 @@ class Method(base.Method):
     copy is never read: keys are projections, MoCo v3 Sec. 3), which keeps a
     single parameter tree for the online and key encoders.
     """
-    # .get: a config.json written before the option existed has none.
     hidden = config.moco.predictor_hidden_dim
     if not hidden:
       return model
@@ -92,6 +92,12 @@ class Method(base.Method):
     if not 0. <= mc.momentum <= 1.:
       raise ValueError(f'config.moco.momentum={mc.momentum} must be in [0, 1].')
     base.momentum(config, base.Context(1, 1, 1, 1, 1.))   # Known kind?
+    if mc.shuffle_bn and num_devices == 1:
+      logging.warning(
+          'config.moco.shuffle_bn=True on one device: the key batch is '
+          'normalised as a whole, so shuffle-BN changes nothing here (MoCo '
+          'shuffles over 8 GPUs). Run on several devices (on a CPU, '
+          'XLA_FLAGS=--xla_force_host_platform_device_count=8) for it to act.')
     if mc.enqueue_keys not in ('first', 'mean'):
       raise ValueError(f'config.moco.enqueue_keys={mc.enqueue_keys!r}; known: '
                        'first (MoCo), mean (JCL\'s key means).')
