@@ -56,6 +56,20 @@ def save(manager: ocp.CheckpointManager, step: int, state) -> None:
   manager.save(step, args=ocp.args.PyTreeSave(state))
 
 
+def _restore_first_readable(manager: ocp.CheckpointManager, steps, args):
+  """Restores the first of `steps` that reads: (tree, step, errors), tree
+  and step None when none does; each unreadable one is warned about."""
+  errors = []
+  for step in steps:
+    try:
+      return manager.restore(step, args=args), step, errors
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning('Checkpoint at step %d is unreadable (%s: %s); trying '
+                      'the previous one.', step, type(e).__name__, e)
+      errors.append(f'step {step}: {type(e).__name__}: {e}')
+  return None, None, errors
+
+
 def restore_latest(manager: ocp.CheckpointManager, target):
   """Restores the newest readable checkpoint into the structure of `target`.
 
@@ -69,17 +83,14 @@ def restore_latest(manager: ocp.CheckpointManager, target):
     there is no checkpoint.
   """
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
-  for step in sorted(manager.all_steps(), reverse=True):
-    try:
-      state = manager.restore(step, args=ocp.args.PyTreeRestore(
-          abstract,
-          restore_args=ocp.checkpoint_utils.construct_restore_args(abstract)))
-      logging.info('Resumed from the checkpoint at step %d.', step)
-      return state, step
-    except Exception as e:  # pylint: disable=broad-except
-      logging.warning('Checkpoint at step %d is unreadable (%s: %s); trying '
-                      'the previous one.', step, type(e).__name__, e)
-  return target, None
+  state, step, _ = _restore_first_readable(
+      manager, sorted(manager.all_steps(), reverse=True),
+      ocp.args.PyTreeRestore(abstract, restore_args=(
+          ocp.checkpoint_utils.construct_restore_args(abstract))))
+  if step is None:
+    return target, None
+  logging.info('Resumed from the checkpoint at step %d.', step)
+  return state, step
 
 
 def restore_variables(workdir: str, model, image_shape: Sequence[int], mesh,
@@ -117,18 +128,13 @@ def restore_variables(workdir: str, model, image_shape: Sequence[int], mesh,
   with ocp.CheckpointManager(directory, options=options) as manager:
     steps = [step] if step is not None else sorted(manager.all_steps(),
                                                    reverse=True)
-    errors = []
-    for s in steps:
-      try:
-        # partial_restore: every other field of the saved TrainState (opt
-        # state, key encoder, queue, bank, ...) is left on disk.
-        out = manager.restore(s, args=ocp.args.PyTreeRestore(
+    # partial_restore: every other field of the saved TrainState (opt state,
+    # key encoder, queue, bank, ...) is left on disk.
+    out, restored, errors = _restore_first_readable(
+        manager, steps, ocp.args.PyTreeRestore(
             item=target, restore_args=restore_args, partial_restore=True))
-        return {'params': out['params'],
-                'batch_stats': out['batch_stats']}, s
-      except Exception as e:  # pylint: disable=broad-except
-        logging.warning('Checkpoint at step %d is unreadable (%s: %s); trying '
-                        'the previous one.', s, type(e).__name__, e)
-        errors.append(f'step {s}: {type(e).__name__}: {e}')
+  if restored is not None:
+    return {'params': out['params'],
+            'batch_stats': out['batch_stats']}, restored
   raise FileNotFoundError(f'no readable checkpoint in {directory}'
                           + (': ' + '; '.join(errors) if errors else '.'))

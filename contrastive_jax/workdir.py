@@ -58,11 +58,8 @@ def check_config(config, workdir: str) -> None:
 
 def load_classes(workdir: str) -> tuple[str, ...] | None:
   """The class list a run stored in `<workdir>/classes.json`, if any."""
-  path = os.path.join(workdir, 'classes.json')
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return tuple(json.load(f)['classes'])
+  data = reporting.read_json(os.path.join(workdir, 'classes.json'))
+  return tuple(data['classes']) if data else None
 
 
 def store_classes(workdir: str, stored, classes) -> None:

@@ -151,6 +151,17 @@ def test_train_examples_follow_cacr_rules():
   assert reproduce.train_examples('exponential') == 7_904
 
 
+def _set_options(config, options) -> None:
+  """Sets a run's (key, value) options on `config`, in today's names, as
+  main.py's flags would."""
+  for key, value in reproduce.current_options(options):
+    node = config
+    *path, leaf = key.split('.')
+    for p in path:
+      node = node[p]
+    node[leaf] = value
+
+
 def test_every_study_config_passes_validation():
   import importlib
   for r in reproduce.plan():
@@ -159,13 +170,7 @@ def test_every_study_config_passes_validation():
     config = importlib.import_module(f'configs.{r.config}').get_config()
     pins = {k: v for k, v in reproduce.PINNED.items()
             if k not in dict(r.overrides)}
-    for key, value in reproduce.current_options(
-        list(r.overrides) + list(pins.items())):
-      node = config
-      *path, leaf = key.split('.')
-      for p in path:
-        node = node[p]
-      node[leaf] = value
+    _set_options(config, list(r.overrides) + list(pins.items()))
     config_lib.validate(config, num_devices=8)
 
 
@@ -592,12 +597,7 @@ def test_study_v2_plan():
   for r in final[:len(study_v2.ARMS) + 1] + study_v2.imbalance_runs(
       4, chosen)[:4] + pilot:
     config = importlib.import_module(f'configs.{r.config}').get_config()
-    for key, value in reproduce.current_options(r.overrides):
-      node = config
-      *path, leaf = key.split('.')
-      for p in path:
-        node = node[p]
-      node[leaf] = value
+    _set_options(config, r.overrides)
     config_lib.validate(config, num_devices=8)
     if r.arm in ('moco_v2', 'cacr_moco'):
       assert tuple(config.moco.query_views) == (0, 1), r.run_id

@@ -62,15 +62,20 @@ class Representation:
     self.name, self.variables, self.env, self.bar = name, variables, env, bar
     self._cache = {}
 
+  def _limit(self, split: str, limit: int) -> int:
+    """`limit`, or 0 when it takes the whole split."""
+    data = {'train': self.env.train, 'test': self.env.test}[split]
+    return limit if 0 < limit < len(data) else 0
+
   def source(self, split: str, limit: int = 0):
     """The 'train' or 'test' source, or its first `limit` examples."""
     data = {'train': self.env.train, 'test': self.env.test}[split]
-    if 0 < limit < len(data):
+    if self._limit(split, limit):
       data = pipeline.Subset(data, np.arange(limit))
     return data
 
   def features(self, split: str, limit: int = 0) -> features_lib.Features:
-    key = (split, limit if 0 < limit < len(self.source(split)) else 0)
+    key = (split, self._limit(split, limit))
     if key not in self._cache:
       self._cache[key] = features_lib.extract_features(
           self.env.feature_fn, self.variables, self.source(split, limit),

@@ -440,10 +440,10 @@ class Knn(base.Evaluator):
   DEFAULTS = {'ks': (200,), 'temperature': 0.1, 'bank_size': 0,
               'num_queries': 0}
 
-  def _ks(self, num_train: int) -> tuple[int, ...]:
-    bank = min(self.cfg.bank_size or num_train, num_train)
+  def _ks(self, bank_rows: int) -> tuple[int, ...]:
+    """`ks`, lowered to a partial bank's `bank_rows` (see the class doc)."""
     if self.cfg.bank_size:
-      return tuple(sorted({min(int(k), bank) for k in self.cfg.ks}))
+      return tuple(sorted({min(int(k), bank_rows) for k in self.cfg.ks}))
     return tuple(int(k) for k in self.cfg.ks)
 
   def validate(self, config, *, num_devices: int,
