@@ -700,3 +700,59 @@ def test_study_v2_analysis_matches_scipy():
       _v2_records(vals))}
   assert rows[('C5', 'knn')].verdict.startswith('not run yet')
   assert math.isnan(rows[('C5', 'knn')].p_holm)
+
+
+def test_study_v2_recipe_stage_plan_and_choice(tmp_path):
+  """Amendment 1: six NT-Xent runs (3 learning rates x 2 crops) and one
+  random-init run from the tag; each run's options reach the config (the
+  crop of every view, the learning rate); the choice is the highest final
+  validation kNN, and nothing is chosen before all six finished."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  from input_pipeline import augment  # pylint: disable=g-import-not-at-top
+  runs = study_v2.recipe_runs()
+  assert [r.run_id for r in runs][:2] == [
+      'recipe__baselines__s0', 'recipe__ntxent__lr0.001_crop0.3__s0']
+  assert len(runs) == 7 and len({r.run_id for r in runs}) == 7
+  seen = set()
+  for r in runs[1:]:
+    config = importlib.import_module(f'configs.{r.config}').get_config()
+    _set_options(config, r.overrides)
+    config_lib.validate(config, num_devices=8)
+    views = augment.build_views(config.augment.preset,
+                                config.augment.num_views,
+                                config.augment.overrides)
+    assert len(views) == 2
+    crop = {v.crop_scale for v in views}
+    assert len(crop) == 1
+    seen.add((config.optimizer.base_learning_rate, crop.pop()))
+    assert config.loss_kwargs.temperature == 0.2
+    assert config.model.encoder_kwargs.pool == 'avg'
+    assert config.eval.split == 'validation'
+    assert int(config.num_epochs * 195) == 6 * 195
+    assert config.evals.online_knn.every_steps == 195
+  assert seen == {(lr, c) for lr in (1e-3, 1e-2, 6e-2)
+                  for c in ((0.3, 1.0), (0.08, 1.0))}
+  # The later stages carry the chosen recipe; the first pilot does not.
+  recipe = (6e-2, (0.08, 1.0))
+  for r in (study_v2.pilot_runs(16, recipe)[1:] +
+            study_v2.tune_runs(3, recipe)):
+    o = dict(r.overrides)
+    assert o['optimizer.base_learning_rate'] == 6e-2, r.run_id
+    assert o['augment.overrides'] == ({'crop_scale': (0.08, 1.0)},)
+  assert 'optimizer.base_learning_rate' not in dict(
+      study_v2.pilot_runs()[1].overrides)
+  assert study_v2.pilot_runs(16, recipe)[1].run_id == (
+      'pilot__ntxent__lr0.06_crop0.08__s0')
+
+  results = str(tmp_path)
+  knn = [0.80, 0.83, 0.86, 0.84, 0.86, 0.81]   # Tie: the first (0.01, 0.3).
+  for r, acc in zip(runs[1:], knn):
+    with pytest.raises(study_v2.StudyError, match='not finished'):
+      study_v2.chosen_recipe(results)
+    study_v2._write(study_v2.record_path(results, r), {  # pylint: disable=protected-access
+        'args': r.args(), 'status': 'done',
+        'validation': {'trained': {'knn': acc, 'linear': acc}}})
+  assert study_v2.chosen_recipe(results) == (1e-2, (0.3, 1.0))
+  table = study_v2.recipe_table(results)
+  assert 'Chosen (the highest final validation kNN): base lr 0.01, crop ' \
+      'scale (0.3, 1.0).' in table

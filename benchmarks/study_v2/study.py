@@ -4,7 +4,7 @@ Every run of the study executes from one tagged commit (`STUDY_TAG`), in a
 git worktree of that tag, so that the rest of the project can change while
 the study runs:
 
-    git worktree add <study checkout> study-v2      # once
+    git worktree add <study checkout> study-v2.1    # once
     cd <study checkout> && ln -s <a virtual environment> .venv
     nohup nice -n 19 .venv/bin/python -m benchmarks.study_v2 pilot \
         --results_dir=<branch checkout>/benchmarks/study_v2/results \
@@ -12,11 +12,18 @@ the study runs:
 
 Stages (PROTOCOL.md says what each is for and what is decided from it):
 
+* `recipe`: NT-Xent (tau 0.2) for `RECIPE_EPOCHS` epochs at each shared
+  recipe of `RECIPES` (peak learning rate x crop scale, Amendment 1), seed 0,
+  the validation kNN after every epoch; the recipe with the highest final
+  validation kNN (the largest gain over the one random-init encoder) is the
+  shared recipe of every later stage (`chosen_recipe`).
 * `pilot`: the random-init encoder (and raw pixels) on the validation split,
   then SimCLR trained for `PILOT_EPOCHS` epochs with the kNN of the trained
   encoder on the validation split after every epoch (the same evaluator:
   the whole training set as the bank, the whole validation split as queries,
-  k = 200, T = 0.1).
+  k = 200, T = 0.1). `--recipe=config` is the first pilot (the configs'
+  recipe, tag `study-v2`), `--recipe=chosen` (the default) its rerun with
+  the recipe stage's choice.
 * `tune --epochs=E`: each arm's main hyperparameter at its grid values
   (`ARMS`), seed 0, scored on the validation split.
 * `final --epochs=E`: each arm at the value its tuning runs chose (the
@@ -65,7 +72,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 RESULTS_DIR = os.path.join(ROOT, 'benchmarks', 'study_v2', 'results')
 WORK_ROOT = os.path.join(ROOT, 'workdir', 'study_v2')
-STUDY_TAG = 'study-v2'
+# Amendment 1: the recipe stage and every stage after it run from this tag;
+# the first pilot ran from 'study-v2'.
+STUDY_TAG = 'study-v2.1'
 
 VALIDATION_SIZE = 10_000
 BATCH = 256
@@ -88,6 +97,11 @@ COMMON = {
     'checkpoint_every_steps': 100,
 }
 TEMPERATURES = (0.1, 0.2, 0.5)
+# Amendment 1: the shared recipes, (base_learning_rate, crop scale).
+RECIPE_EPOCHS = 6
+RECIPE_LRS = (1e-3, 1e-2, 6e-2)
+RECIPE_CROPS = ((0.3, 1.0), (0.08, 1.0))
+RECIPES = tuple((lr, crop) for lr in RECIPE_LRS for crop in RECIPE_CROPS)
 # arm: (config, overrides, tuned key, grid, the config's own value).
 ARMS = {
     'ntxent': ('simclr', {}, 'loss_kwargs.temperature', TEMPERATURES),
@@ -114,7 +128,7 @@ class StudyError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  stage: str          # pilot | tune | final | imbalance
+  stage: str          # recipe | pilot | tune | final | imbalance
   arm: str            # An ARMS key, or 'baselines'.
   config: str         # configs/<config>.py
   seed: int
@@ -147,46 +161,102 @@ def _steps(epochs: float, examples: int = 50_000, batch: int = BATCH) -> int:
   return int(epochs * (examples // batch))
 
 
+def recipe_overrides(recipe) -> dict:
+  """The config options of a shared recipe (lr, crop); {} for None (the
+  configs' own: base_learning_rate 1e-3, the fmnist preset's crop)."""
+  if recipe is None:
+    return {}
+  lr, crop = recipe
+  return {'optimizer.base_learning_rate': lr,
+          # One mapping: every view's crop.
+          'augment.overrides': ({'crop_scale': tuple(crop)},)}
+
+
+def recipe_tag(recipe) -> str:
+  lr, crop = recipe
+  return f'lr{lr:g}_crop{crop[0]:g}'
+
+
 def _make(stage, arm, seed, split, epochs, extra=None, tag='',
-          examples=50_000, steps=None) -> Run:
+          examples=50_000, steps=None, recipe=None) -> Run:
   # The baselines run's encoder is initialised as every arm's (the same
   # model and seed); its one step of training is not scored.
   config, own, *_ = ARMS[arm] if arm in ARMS else ('simclr', {})
   o = dict(COMMON, seed=seed, **{'eval.split': split})
   o.update(own)
+  o.update(recipe_overrides(recipe))
   o.update(extra or {})
   steps = _steps(epochs) if steps is None else steps
   o['num_epochs'] = reproduce.epochs_for_steps(steps, examples, BATCH)
   return Run(stage, arm, config, seed, tuple(sorted(o.items())), tag)
 
 
-def pilot_runs(epochs: float = PILOT_EPOCHS) -> list[Run]:
-  """The random-init encoder on validation, then the SimCLR curve."""
+def _curve_options() -> dict:
+  """The validation kNN of the current encoder after every epoch, with the
+  end-of-run kNN's evaluator: every training image in the bank, every
+  validation image a query, k = 200."""
   per_epoch = 50_000 // BATCH
-  return [
-      # One step of training (its 'trained' row is ignored), baselines on.
-      _make('pilot', 'baselines', 0, 'validation', 0, steps=1,
-            extra={'eval.baselines': True}),
-      _make('pilot', 'ntxent', 0, 'validation', epochs, extra={
-          'online.knn_every_steps': per_epoch,
+  return {'online.knn_every_steps': per_epoch,
           'online.knn_k': 200,
           'online.knn_bank_size': 50_000,
           'online.knn_num_queries': VALIDATION_SIZE,
-          'checkpoint_every_steps': per_epoch}),
-  ]
+          'checkpoint_every_steps': per_epoch}
+
+
+def _baselines(stage: str) -> Run:
+  # One step of training (its 'trained' row is ignored), baselines on.
+  return _make(stage, 'baselines', 0, 'validation', 0, steps=1,
+               extra={'eval.baselines': True})
+
+
+def pilot_runs(epochs: float = PILOT_EPOCHS, recipe=None) -> list[Run]:
+  """The random-init encoder on validation, then the SimCLR curve: the
+  configs' recipe (recipe None, the first pilot) or a shared recipe."""
+  tag = recipe_tag(recipe) if recipe is not None else ''
+  return [_baselines('pilot'),
+          _make('pilot', 'ntxent', 0, 'validation', epochs,
+                extra=_curve_options(), tag=tag, recipe=recipe)]
+
+
+def recipe_runs(epochs: float = RECIPE_EPOCHS) -> list[Run]:
+  """Amendment 1: the random-init encoder from this tag, then NT-Xent at
+  tau 0.2 for every recipe of RECIPES, seed 0, on the validation split."""
+  return [_baselines('recipe')] + [
+      _make('recipe', 'ntxent', 0, 'validation', epochs,
+            extra=dict(_curve_options(), **{'loss_kwargs.temperature': 0.2}),
+            tag=recipe_tag(r), recipe=r)
+      for r in RECIPES]
+
+
+def chosen_recipe(results_dir: str, epochs: float = RECIPE_EPOCHS):
+  """The recipe stage's choice: the recipe whose run ends with the highest
+  validation kNN (the same random-init encoder for all, so the largest gain
+  over it; the first in RECIPES on a tie). StudyError until all finished."""
+  runs = recipe_runs(epochs)[1:]
+  recs = [load_record(results_dir, r) for r in runs]
+  missing = [r.run_id for r, rec in zip(runs, recs)
+             if rec is None or rec.get('status') != 'done']
+  if missing:
+    raise StudyError(
+        'the shared recipe comes from the recipe runs (PROTOCOL.md, '
+        f'Amendment 1); not finished: {", ".join(missing)}. Run `python -m '
+        'benchmarks.study_v2 recipe` first.')
+  knn = [rec['validation']['trained']['knn'] for rec in recs]
+  return RECIPES[max(range(len(RECIPES)), key=lambda i: (knn[i], -i))]
 
 
 def _value_tag(key: str, value) -> str:
   return f'{key.rsplit(".", 1)[-1]}{value}'
 
 
-def tune_runs(epochs: float) -> list[Run]:
+def tune_runs(epochs: float, recipe=None) -> list[Run]:
   return [_make('tune', arm, 0, 'validation', epochs, {key: v},
-                tag=_value_tag(key, v))
+                tag=_value_tag(key, v), recipe=recipe)
           for arm, (_, _, key, grid) in ARMS.items() for v in grid]
 
 
-def chosen_values(results_dir: str, epochs: float) -> dict[str, float]:
+def chosen_values(results_dir: str, epochs: float,
+                  recipe=None) -> dict[str, float]:
   """Each arm's tuned value: the highest validation kNN of its finished
   tuning runs; StudyError when one is missing."""
   chosen, missing = {}, []
@@ -194,7 +264,7 @@ def chosen_values(results_dir: str, epochs: float) -> dict[str, float]:
     scores = {}
     for v in grid:
       run = _make('tune', arm, 0, 'validation', epochs, {key: v},
-                  tag=_value_tag(key, v))
+                  tag=_value_tag(key, v), recipe=recipe)
       rec = load_record(results_dir, run)
       if rec is None or rec.get('status') != 'done':
         missing.append(run.run_id)
@@ -210,18 +280,20 @@ def chosen_values(results_dir: str, epochs: float) -> dict[str, float]:
   return chosen
 
 
-def final_runs(epochs: float, chosen: dict[str, float]) -> list[Run]:
+def final_runs(epochs: float, chosen: dict[str, float],
+               recipe=None) -> list[Run]:
   runs = []
   for seed in SEEDS:
     for arm, (_, _, key, _) in ARMS.items():
       runs.append(_make('final', arm, seed, 'test', epochs,
-                        {key: chosen[arm]}))
+                        {key: chosen[arm]}, recipe=recipe))
     runs.append(_make('final', 'baselines', seed, 'test', 0, steps=1,
                       extra={'eval.baselines': True}))
   return runs
 
 
-def imbalance_runs(epochs: float, chosen: dict[str, float]) -> list[Run]:
+def imbalance_runs(epochs: float, chosen: dict[str, float],
+                   recipe=None) -> list[Run]:
   """The final runs' steps on CACR's imbalanced subsets (more epochs of
   fewer images), seeds SEEDS."""
   runs = []
@@ -232,7 +304,8 @@ def imbalance_runs(epochs: float, chosen: dict[str, float]) -> list[Run]:
         runs.append(_make(
             'imbalance', arm, seed, 'test', epochs,
             {key: chosen[arm], 'dataset.imbalance': rule}, tag=rule,
-            examples=reproduce.train_examples(rule), steps=_steps(epochs)))
+            examples=reproduce.train_examples(rule), steps=_steps(epochs),
+            recipe=recipe))
   return runs
 
 
@@ -512,18 +585,21 @@ def balanced_evaluation(workdir: str, root: str, env: dict,
 # The pilot's curve.
 # --------------------------------------------------------------------------
 
-def pilot_table(results_dir: str, epochs: float = PILOT_EPOCHS) -> str:
+def pilot_table(results_dir: str, epochs: float = PILOT_EPOCHS,
+                recipe=None) -> str:
   """The pilot's curve as a markdown table: validation kNN (%) of the
   trained encoder per epoch, the random-init encoder's, and the gain."""
-  base_run, sim_run = pilot_runs(epochs)
+  base_run, sim_run = pilot_runs(epochs, recipe)
   base = load_record(results_dir, base_run) or {}
   sim = load_record(results_dir, sim_run) or {}
   rand = (base.get('validation') or {}).get('random_init', {}).get('knn')
   raw = (base.get('validation') or {}).get('raw_pixels', {}).get('knn')
   per_epoch = 50_000 // BATCH
   fmt = lambda x: '-' if x is None else f'{100 * x:.2f}'
+  name = ('the configs\' recipe' if recipe is None else
+          f'base lr {recipe[0]:g}, crop scale {tuple(recipe[1])}')
   lines = [
-      f'SimCLR (configs/simclr.py, tau 0.2, {epochs:g}-epoch cosine '
+      f'SimCLR (configs/simclr.py, tau 0.2, {name}, {epochs:g}-epoch cosine '
       'schedule), seed 0, weighted kNN (k = 200, T = 0.1; bank: the 50,000 '
       'training images, queries: the 10,000 validation images), %. '
       f'Random-init encoder (same seed): {fmt(rand)}; raw pixels: '
@@ -542,6 +618,50 @@ def pilot_table(results_dir: str, epochs: float = PILOT_EPOCHS) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def recipe_table(results_dir: str, epochs: float = RECIPE_EPOCHS) -> str:
+  """The recipe runs as a markdown table: validation kNN (%) after every
+  epoch, the final kNN and linear probe, the gains over the random-init
+  encoder, CPU time; and the choice (`chosen_recipe`) once all finished."""
+  base_run, *runs = recipe_runs(epochs)
+  base = (load_record(results_dir, base_run) or {}).get('validation') or {}
+  rand = base.get('random_init', {})
+  fmt = lambda x: '-' if x is None else f'{100 * x:.2f}'
+  gain = lambda x, r: ('-' if x is None or r is None
+                       else f'{100 * (x - r):+.2f}')
+  n = int(round(epochs))
+  lines = [
+      f'NT-Xent (configs/simclr.py, tau 0.2), seed 0, {epochs:g} epochs; '
+      'validation split, weighted kNN (k = 200, T = 0.1, bank: the 50,000 '
+      'training images) and the linear probe, %. Random-init encoder: kNN '
+      f'{fmt(rand.get("knn"))}, linear {fmt(rand.get("linear"))}; raw '
+      f'pixels: kNN {fmt(base.get("raw_pixels", {}).get("knn"))}, linear '
+      f'{fmt(base.get("raw_pixels", {}).get("linear"))}.', '',
+      '| base lr | crop scale | ' + ' | '.join(
+          f'kNN ep {e}' for e in range(1, n + 1)) +
+      ' | final kNN | kNN gain | linear | linear gain | CPU s | status |',
+      '|---|---|' + '---|' * (n + 6)]
+  for recipe, run in zip(RECIPES, runs):
+    rec = load_record(results_dir, run) or {}
+    curve = [acc for _, acc in rec.get('curve', [])]
+    curve += [None] * (n - len(curve))
+    final = (rec.get('validation') or {}).get('trained', {})
+    cpu = sum(i.get('cpu_seconds') or 0 for i in rec.get('invocations', []))
+    lines.append(
+        f'| {recipe[0]:g} | {tuple(recipe[1])} | ' +
+        ' | '.join(fmt(c) for c in curve[:n]) +
+        f' | {fmt(final.get("knn"))} | {gain(final.get("knn"), rand.get("knn"))}'
+        f' | {fmt(final.get("linear"))} | '
+        f'{gain(final.get("linear"), rand.get("linear"))} | {cpu:.0f} | '
+        f'{rec.get("status", "not started")} |')
+  try:
+    lr, crop = chosen_recipe(results_dir, epochs)
+    lines += ['', f'Chosen (the highest final validation kNN): base lr '
+              f'{lr:g}, crop scale {tuple(crop)}.']
+  except StudyError:
+    lines += ['', 'Chosen: not yet (runs unfinished).']
+  return '\n'.join(lines) + '\n'
+
+
 # --------------------------------------------------------------------------
 
 def _exit_on_sigterm(signum, frame):
@@ -551,7 +671,8 @@ def _exit_on_sigterm(signum, frame):
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  p.add_argument('stage', choices=('pilot', 'tune', 'final', 'imbalance',
+  p.add_argument('stage', choices=('recipe', 'pilot', 'tune', 'final',
+                                   'imbalance', 'recipe_table',
                                    'pilot_table'))
   p.add_argument('--epochs', type=float, default=0.,
                  help='tune/final/imbalance: the budget in epochs '
@@ -559,6 +680,10 @@ def main(argv=None) -> int:
   p.add_argument('--tune_epochs', type=float, default=0.,
                  help='final/imbalance: the budget the tuning ran at')
   p.add_argument('--pilot_epochs', type=float, default=PILOT_EPOCHS)
+  p.add_argument('--recipe', choices=('chosen', 'config'), default='chosen',
+                 help='pilot/pilot_table/tune/final/imbalance: the recipe '
+                 'stage\'s choice (Amendment 1), or the configs\' own (the '
+                 'first pilot only)')
   p.add_argument('--results_dir', default=RESULTS_DIR)
   p.add_argument('--work_root', default=WORK_ROOT)
   p.add_argument('--no_require_tag', action='store_true',
@@ -569,22 +694,30 @@ def main(argv=None) -> int:
   p.add_argument('--stall_minutes', type=float, default=20.)
   args = p.parse_args(argv)
 
-  if args.stage == 'pilot_table':
-    print(pilot_table(args.results_dir, args.pilot_epochs), end='')
+  if args.stage == 'recipe_table':
+    print(recipe_table(args.results_dir), end='')
     return 0
   if args.stage in ('tune', 'final', 'imbalance') and args.epochs <= 0:
     p.error(f'{args.stage} needs --epochs')
   if args.stage in ('final', 'imbalance') and args.tune_epochs <= 0:
     p.error(f'{args.stage} needs --tune_epochs (the tuning runs\' budget)')
   try:
-    if args.stage == 'pilot':
-      runs = pilot_runs(args.pilot_epochs)
+    recipe = None
+    if args.stage != 'recipe' and args.recipe == 'chosen':
+      recipe = chosen_recipe(args.results_dir)
+    if args.stage == 'pilot_table':
+      print(pilot_table(args.results_dir, args.pilot_epochs, recipe), end='')
+      return 0
+    if args.stage == 'recipe':
+      runs = recipe_runs()
+    elif args.stage == 'pilot':
+      runs = pilot_runs(args.pilot_epochs, recipe)
     elif args.stage == 'tune':
-      runs = tune_runs(args.epochs)
+      runs = tune_runs(args.epochs, recipe)
     else:
-      chosen = chosen_values(args.results_dir, args.tune_epochs)
+      chosen = chosen_values(args.results_dir, args.tune_epochs, recipe)
       runs = (final_runs if args.stage == 'final' else imbalance_runs)(
-          args.epochs, chosen)
+          args.epochs, chosen, recipe)
     required = None
     if not args.no_require_tag:
       required = tag_commit(ROOT)
