@@ -756,3 +756,30 @@ def test_study_v2_recipe_stage_plan_and_choice(tmp_path):
   table = study_v2.recipe_table(results)
   assert 'Chosen (the highest final validation kNN): base lr 0.01, crop ' \
       'scale (0.3, 1.0).' in table
+
+
+def test_study_v2_backfills_a_missing_curve_from_history(study_repo, tmp_path):
+  """A finished run whose driver looked for another history key gets its
+  curve from its workdir's history.json, with the reading commit noted;
+  a record that has a curve is left alone."""
+  results, work = str(tmp_path / 'results'), str(tmp_path / 'work')
+  empty, full = study_v2.recipe_runs()[1:3]
+  history = [{'step': 195, 'online/knn_weighted_top1@200': 0.80,
+              'online/knn_majority_top1@200': 0.70},
+             {'step': 390, 'loss': 1.0},
+             {'step': 390, 'online/knn_weighted_top1@200': 0.82}]
+  for run, curve in ((empty, None), (full, [[195, 0.5]])):
+    wd = os.path.join(work, f'{run.run_id}-{run.fingerprint}')
+    os.makedirs(wd)
+    with open(os.path.join(wd, 'history.json'), 'w') as f:
+      json.dump(history, f)
+    rec = {'args': run.args(), 'status': 'done'}
+    if curve:
+      rec['curve'] = curve
+    study_v2._write(study_v2.record_path(results, run), rec)  # pylint: disable=protected-access
+  assert study_v2.backfill_curves([empty, full], results, work,
+                                  root=str(study_repo)) == [empty.run_id]
+  rec = study_v2.load_record(results, empty)
+  assert rec['curve'] == [[195, 0.80], [390, 0.82]]
+  assert rec['curve_backfilled_by'] == _git(study_repo, 'rev-parse', 'HEAD')
+  assert study_v2.load_record(results, full)['curve'] == [[195, 0.5]]

@@ -81,7 +81,10 @@ BATCH = 256
 SEEDS = (0, 1, 2, 3)
 PILOT_EPOCHS = 16
 KNN_KEY = 'knn_weighted_top1@200'
-ONLINE_KEY = 'online/knn_top1@200'
+# The weighted online kNN's history key: today's name first, then the name
+# the code of tag 'study-v2' wrote. The code of tag 'study-v2.1' looks for
+# the old name only, so its records get their curves from `backfill_curves`.
+ONLINE_KEYS = ('online/knn_weighted_top1@200', 'online/knn_top1@200')
 
 # Every run: the 50,000 training images the validation holdout leaves, the
 # papers' representation (the encoder's pooled output, 256-d, which the head
@@ -413,7 +416,32 @@ def online_curve(workdir: str) -> list[list[float]]:
       history = json.load(f)
   except (OSError, ValueError):
     return []
-  return [[h['step'], h[ONLINE_KEY]] for h in history if ONLINE_KEY in h]
+  for key in ONLINE_KEYS:
+    curve = [[h['step'], h[key]] for h in history if key in h]
+    if curve:
+      return curve
+  return []
+
+
+def backfill_curves(runs: Sequence[Run], results_dir: str, work_root: str,
+                    root: str = ROOT) -> list[str]:
+  """Writes the online kNN curve of each finished run whose record has none
+  (a driver that looked for another history key) from its workdir's
+  history.json, noting the commit of the code that read it
+  (`curve_backfilled_by`). Returns the run ids it filled."""
+  filled = []
+  for run in runs:
+    rec = load_record(results_dir, run)
+    if rec is None or rec.get('status') != 'done' or rec.get('curve'):
+      continue
+    curve = online_curve(os.path.join(work_root,
+                                      f'{run.run_id}-{run.fingerprint}'))
+    if curve:
+      rec['curve'] = curve
+      rec['curve_backfilled_by'] = git_state(root)[0]
+      _write(record_path(results_dir, run), rec)
+      filled.append(run.run_id)
+  return filled
 
 
 def _watch(child: subprocess.Popen, workdir: str, stall_seconds: float,
@@ -673,7 +701,7 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('stage', choices=('recipe', 'pilot', 'tune', 'final',
                                    'imbalance', 'recipe_table',
-                                   'pilot_table'))
+                                   'pilot_table', 'backfill_curves'))
   p.add_argument('--epochs', type=float, default=0.,
                  help='tune/final/imbalance: the budget in epochs '
                  '(PROTOCOL.md says how it is chosen)')
@@ -696,6 +724,15 @@ def main(argv=None) -> int:
 
   if args.stage == 'recipe_table':
     print(recipe_table(args.results_dir), end='')
+    return 0
+  if args.stage == 'backfill_curves':
+    runs = recipe_runs()
+    try:
+      runs += pilot_runs(args.pilot_epochs, chosen_recipe(args.results_dir))
+    except StudyError:
+      pass
+    for run_id in backfill_curves(runs, args.results_dir, args.work_root):
+      print(f'{run_id}: curve filled from its history.json')
     return 0
   if args.stage in ('tune', 'final', 'imbalance') and args.epochs <= 0:
     p.error(f'{args.stage} needs --epochs')
