@@ -558,6 +558,9 @@ def build_views(preset: str, num_views: int, overrides=(), op_order=None
     fields = {f.name for f in dataclasses.fields(ViewConfig)} - {'op_order'}
     for v, override in enumerate(overrides):
       override = dict(override)
+      if 'op_order' in override:
+        raise ValueError(f'view {v}: op_order is one for every view; set '
+                         'config.augment.op_order, not an override.')
       unknown = sorted(set(override) - fields)
       if unknown:
         raise ValueError(f'unknown ViewConfig field(s) {unknown} in the '

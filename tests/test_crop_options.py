@@ -337,7 +337,7 @@ def test_op_order_is_set_for_every_view_not_per_view():
                               'flip, blur')
   assert {v.op_order for v in views} == {
       ('crop', 'grayscale', 'jitter', 'flip', 'blur')}
-  with pytest.raises(ValueError, match='op_order'):
+  with pytest.raises(ValueError, match='config.augment.op_order'):
     augment.build_views('simclr', 2, ({'op_order': ('crop',)},))
 
 
