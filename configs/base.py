@@ -60,6 +60,21 @@ def get_config() -> ml_collections.ConfigDict:
   # l / L of its examples) or 'exponential' (keeps exp(l - L)).
   config.dataset.imbalance = 'none'
   config.dataset.imbalance_levels = 0       # L; 0: min(num_classes, 10).
+  # Where the training views' random resized crops are cut (streamed image
+  # sources; docs/input_pipeline.md): 'center_square' takes them on the
+  # devices from the image_size square the host made (shorter side resized,
+  # centre cut); 'full_image' cuts each view's crop on the host from the
+  # full decoded image and resizes it to image_size, as torchvision's
+  # RandomResizedCrop and SimCLR's distorted_bounding_box_crop do, so small
+  # crops keep the image's resolution and reach the borders the square cuts
+  # off. The rest of each view's ops stay on the devices.
+  config.dataset.train_crop_source = 'center_square'
+  # Evaluation images (the kNN bank and queries, the linear probe's eval
+  # split): the shorter side resized to image_size / fraction and the central
+  # image_size square cut. 1.0 keeps the whole square; 0.875 is
+  # Resize(256) + CenterCrop(224) (MoCo, InsDis; SimCLR's CROP_PROPORTION).
+  # Below 1 it needs a host resize: a streamed split with image_size set.
+  config.dataset.eval_crop_fraction = 1.0
 
   # Views: `preset` names a recipe in input_pipeline/augment.py PRESETS.
   config.augment = ml_collections.ConfigDict()
@@ -68,6 +83,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Per-view field overrides: one dict for all views or one per view, e.g.
   # ({'blur_p': 1.0}, {'blur_p': 0.1, 'solarize_p': 0.2}).
   config.augment.overrides = ()
+  # The order of every view's ops (input_pipeline/augment.py OPS, crop
+  # first); the flip commutes with the others, so what an order changes is
+  # mainly grayscale against jitter: InsDis converts to grayscale first
+  # ('crop, grayscale, jitter, flip'), SimCLR and MoCo jitter first.
+  config.augment.op_order = 'crop, flip, jitter, grayscale, blur, solarize'
 
   config.model = ml_collections.ConfigDict()
   config.model.encoder = 'small_cnn'

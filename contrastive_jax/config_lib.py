@@ -24,6 +24,7 @@ from contrastive_jax import methods
 from contrastive_jax import optim
 from contrastive_jax import schedules
 from input_pipeline import augment
+from input_pipeline import sources
 
 # Sub-dicts whose keys are the config's own (names, or a function's keyword
 # arguments), not base's.
@@ -111,7 +112,9 @@ def validate(config, num_devices: int | None = None) -> None:
   method = methods.get(config.method)
   losses.get_loss(config.loss)
   v = config.augment.num_views
-  augment.build_views(config.augment.preset, v, config.augment.overrides)
+  augment.build_views(config.augment.preset, v, config.augment.overrides,
+                      config.augment.op_order)
+  sources.check_crop_options(config.dataset)
   n = jax.device_count() if num_devices is None else num_devices
   b = config.batch_size
   if b % n:

@@ -39,6 +39,7 @@ from contrastive_jax import workdir as workdir_lib
 from contrastive_jax.evaluators import features
 from input_pipeline import augment
 from input_pipeline import pipeline
+from input_pipeline import sources
 
 
 class Preempted(Exception):
@@ -65,21 +66,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   splits = {'training data': train_data, 'evaluation data': test_data}
   mesh = runtime.create_mesh()
   rows, replicated = NamedSharding(mesh, P('data')), NamedSharding(mesh, P())
+  views = augment.build_views(config.augment.preset, config.augment.num_views,
+                              config.augment.overrides, config.augment.op_order)
+  # The source's square, or (full_image) each view's crop of the full image.
+  fit = sources.training_fit(config.dataset, views, config.seed)
   batches = pipeline.TrainBatches(
       train_data, global_batch_size=config.batch_size, seed=config.seed,
-      sharding=rows, num_workers=config.dataset.num_workers)
+      sharding=rows, num_workers=config.dataset.num_workers, fit=fit)
   total_steps = max(1, int(config.num_epochs * batches.steps_per_epoch))
   setup = step_lib.build(
       config, mesh, total_steps=total_steps,
       steps_per_epoch=batches.steps_per_epoch, num_examples=len(train_data),
       image_shape=train_data.image_shape, num_classes=train_data.num_classes)
-  views = augment.build_views(config.augment.preset, config.augment.num_views,
-                              config.augment.overrides)
   init_rng, aug_rng, step_rng = jax.random.split(jax.random.key(config.seed), 3)
   # Per-step randomness is fold_in(key, step), so a resumed run draws the same
   # views as an uninterrupted one. Views come as groups of equal size.
   augment_fn = jax.jit(lambda step, images: augment.augment_groups(
-      jax.random.fold_in(aug_rng, step), images, views),
+      jax.random.fold_in(aug_rng, step), images, views,
+      host_cropped=isinstance(fit, sources.RandomCrops)),
                        in_shardings=(replicated, rows), out_shardings=rows)
   evals = evaluators.build(config)
   env = evaluators.Env(config, setup.model, mesh, train_data, test_data,

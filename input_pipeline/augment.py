@@ -57,6 +57,12 @@ class ViewConfig:
       n x n; a (height, width) tuple of ints gives that size; a float f in
       (0, 1] gives round(f * input side) per side, so one preset serves 28x28
       and 224x224 inputs alike (multi-crop's local crops: 96/224 = 3/7).
+    op_order: the order of the ops, names of `OPS` starting with 'crop'
+      (which sets the view's size); every op the view uses must be named.
+      The translation crop runs with 'crop' (before it), erasing last. Set
+      for every view by `config.augment.op_order` (`build_views`). The
+      flip commutes with the pixel ops; of the others, grayscale and jitter
+      are the pair whose order recipes change (InsDis: grayscale first).
   """
   crop_scale: tuple[float, float] | None = (0.08, 1.0)
   crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
@@ -70,6 +76,8 @@ class ViewConfig:
   solarize_p: float = 0.0
   erase_p: float = 0.0
   size: int | float | tuple[int, int] | None = None
+  op_order: tuple[str, ...] = ('crop', 'flip', 'jitter', 'grayscale', 'blur',
+                               'solarize')
 
   def jitter_amounts(self) -> tuple[float, float, float, float]:
     """(brightness, contrast, saturation, hue): `jitter`, else from s."""
@@ -77,6 +85,24 @@ class ViewConfig:
       return tuple(self.jitter)
     s = self.jitter_strength
     return (0.8 * s, 0.8 * s, 0.8 * s, 0.2 * s)
+
+
+# The ops a view's `op_order` orders, and the field that turns each on.
+OPS = ('crop', 'flip', 'jitter', 'grayscale', 'blur', 'solarize')
+DEFAULT_OP_ORDER = ViewConfig.op_order
+
+
+def parse_op_order(order) -> tuple[str, ...]:
+  """'crop, grayscale, jitter, flip' (or a sequence of names) -> a tuple of
+  distinct `OPS` names starting with 'crop'; raises otherwise."""
+  names = tuple(n.strip() for n in (order.split(',') if isinstance(order, str)
+                                     else order))
+  if (not names or names[0] != 'crop' or len(set(names)) != len(names)
+      or not set(names) <= set(OPS)):
+    raise ValueError(f'op order {order!r}: name distinct ops of '
+                     f'{", ".join(OPS)}, starting with crop (e.g. '
+                     f'{", ".join(DEFAULT_OP_ORDER)!r}).')
+  return names
 
 
 # V is bounded because every view is a full forward pass per step; 10 covers
@@ -293,36 +319,45 @@ def random_erase(rng, image, *, p, scale=(0.02, 0.2)):
   return jnp.where(jax.random.bernoulli(k_apply, p), out, image)
 
 
-def augment_image(rng, image, cfg: ViewConfig):
-  """Applies one view's recipe to one image [H, W, C] in [0, 1]."""
+def augment_image(rng, image, cfg: ViewConfig, *, cropped: bool = False):
+  """Applies one view's recipe to one image [H, W, C] in [0, 1].
+
+  The ops run in `cfg.op_order`. `cropped`: the image is already this view's
+  random resized crop (cut on the host from the full image,
+  `sources.RandomCrops`), so the random resized crop is skipped (a view
+  `size` other than the image's is still resized to). Each op keeps its own
+  key whatever the order or `cropped`.
+  """
   keys = jax.random.split(rng, 8)
   out_hw = resolve_size(cfg.size, image.shape[:2])
-  if cfg.pad_crop:
-    image = pad_and_crop(keys[0], image, pad=cfg.pad_crop)
-  if cfg.crop_scale is not None:
-    image = random_resized_crop(keys[1], image, scale=cfg.crop_scale,
-                                ratio=cfg.crop_ratio, size=out_hw)
-  elif out_hw != image.shape[:2]:
-    image = jax.image.resize(image, out_hw + image.shape[2:], 'linear')
-  if cfg.flip_p:
-    image = flip_left_right(keys[2], image, p=cfg.flip_p)
-  if any(cfg.jitter_amounts()):
-    image = color_jitter(keys[3], image, amounts=cfg.jitter_amounts(),
-                         p=cfg.jitter_p)
-  if cfg.grayscale_p and image.shape[-1] == 3:
-    image = jnp.where(jax.random.bernoulli(keys[4], cfg.grayscale_p),
-                      to_grayscale(image), image)
-  if cfg.blur_p:
-    image = gaussian_blur(keys[5], image, p=cfg.blur_p)
-  if cfg.solarize_p:
-    image = solarize(keys[6], image, p=cfg.solarize_p)
+  for op in cfg.op_order:
+    if op == 'crop':
+      if cfg.pad_crop:
+        image = pad_and_crop(keys[0], image, pad=cfg.pad_crop)
+      if cfg.crop_scale is not None and not cropped:
+        image = random_resized_crop(keys[1], image, scale=cfg.crop_scale,
+                                    ratio=cfg.crop_ratio, size=out_hw)
+      elif out_hw != image.shape[:2]:
+        image = jax.image.resize(image, out_hw + image.shape[2:], 'linear')
+    elif op == 'flip' and cfg.flip_p:
+      image = flip_left_right(keys[2], image, p=cfg.flip_p)
+    elif op == 'jitter' and any(cfg.jitter_amounts()):
+      image = color_jitter(keys[3], image, amounts=cfg.jitter_amounts(),
+                           p=cfg.jitter_p)
+    elif op == 'grayscale' and cfg.grayscale_p and image.shape[-1] == 3:
+      image = jnp.where(jax.random.bernoulli(keys[4], cfg.grayscale_p),
+                        to_grayscale(image), image)
+    elif op == 'blur' and cfg.blur_p:
+      image = gaussian_blur(keys[5], image, p=cfg.blur_p)
+    elif op == 'solarize' and cfg.solarize_p:
+      image = solarize(keys[6], image, p=cfg.solarize_p)
   if cfg.erase_p:
     image = random_erase(keys[7], image, p=cfg.erase_p)
   return image
 
 
-def augment_views(rng, images, views: Sequence[ViewConfig]
-                  ) -> tuple[jax.Array, ...]:
+def augment_views(rng, images, views: Sequence[ViewConfig], *,
+                  host_cropped: bool = False) -> tuple[jax.Array, ...]:
   """Makes len(views) augmented views of every image, one array per view.
 
   Use this when views differ in size (multi-crop); `augment_batch` stacks the
@@ -331,8 +366,11 @@ def augment_views(rng, images, views: Sequence[ViewConfig]
 
   Args:
     rng: PRNG key; fold in the step upstream (the train loop does).
-    images: [B, H, W, C] uint8, or float in [0, 1].
+    images: [B, H, W, C] uint8, or float in [0, 1]; with `host_cropped`,
+      [B, V, H, W, C]: view v's random resized crop, cut on the host
+      (`sources.RandomCrops`), which view v augments without its own crop.
     views: one recipe per view.
+    host_cropped: see `images`.
 
   Returns:
     A tuple of V arrays, view v of shape [B, h_v, w_v, C] float32 in [0, 1],
@@ -340,6 +378,9 @@ def augment_views(rng, images, views: Sequence[ViewConfig]
   """
   if images.dtype == jnp.uint8:
     images = images.astype(jnp.float32) / 255.
+  if host_cropped and (images.ndim != 5 or images.shape[1] != len(views)):
+    raise ValueError(f'host-cropped images must be [B, V={len(views)}, H, W, '
+                     f'C]; got {images.shape}.')
   batch = images.shape[0]
   out = [None] * len(views)
   # Views with the same recipe share one computation, vmapped over the views:
@@ -347,20 +388,24 @@ def augment_views(rng, images, views: Sequence[ViewConfig]
   groups: dict[ViewConfig, list[int]] = {}
   for v, cfg in enumerate(views):
     groups.setdefault(cfg, []).append(v)
-  per_image = lambda k, x, c: augment_image(k, x, c)
+  per_image = lambda k, x, c: augment_image(k, x, c, cropped=host_cropped)
   for cfg, members in groups.items():
     keys = jnp.stack([jax.random.split(jax.random.fold_in(rng, v), batch)
                       for v in members])                      # [V_cfg, B]
+    if host_cropped:     # Each view its own crops: [V_cfg, B, H, W, C].
+      inputs, in_axes = jnp.stack([images[:, v] for v in members]), (0, 0)
+    else:
+      inputs, in_axes = images, (0, None)
     fn = jax.vmap(jax.vmap(functools.partial(per_image, c=cfg)),
-                  in_axes=(0, None))
-    group_out = fn(keys, images)                  # [V_cfg, B, h, w, C]
+                  in_axes=in_axes)
+    group_out = fn(keys, inputs)                  # [V_cfg, B, h, w, C]
     for i, v in enumerate(members):
       out[v] = group_out[i]
   return tuple(out)
 
 
-def augment_groups(rng, images, views: Sequence[ViewConfig]
-                   ) -> tuple[jax.Array, ...]:
+def augment_groups(rng, images, views: Sequence[ViewConfig], *,
+                   host_cropped: bool = False) -> tuple[jax.Array, ...]:
   """Makes len(views) augmented views of every image, stacked by size.
 
   What the train step takes: one [B, V_g, h_g, w_g, C] array per run of
@@ -370,14 +415,17 @@ def augment_groups(rng, images, views: Sequence[ViewConfig]
   Args:
     rng: PRNG key; fold in the step upstream so that a resumed run draws the
       same views.
-    images: [B, H, W, C] uint8 or float in [0, 1].
+    images: [B, H, W, C] uint8 or float in [0, 1] ([B, V, H, W, C] with
+      `host_cropped`, see `augment_views`).
     views: one recipe per view.
+    host_cropped: the views' random resized crops come cut by the host.
 
   Returns:
     A tuple of [B, V_g, h_g, w_g, C] float32 arrays in [0, 1], whose V_g sum
     to len(views), in view order.
   """
-  return group_by_size(augment_views(rng, images, views))
+  return group_by_size(augment_views(rng, images, views,
+                                     host_cropped=host_cropped))
 
 
 def group_by_size(views: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
@@ -469,7 +517,7 @@ _PROBABILITY_FIELDS = ('flip_p', 'jitter_p', 'grayscale_p', 'blur_p',
                        'solarize_p', 'erase_p')
 
 
-def build_views(preset: str, num_views: int, overrides=()
+def build_views(preset: str, num_views: int, overrides=(), op_order=None
                 ) -> tuple[ViewConfig, ...]:
   """The view recipes of a config: a preset plus optional per-view overrides.
 
@@ -483,6 +531,9 @@ def build_views(preset: str, num_views: int, overrides=()
       fields. Empty: the preset as is. One mapping: applied to every view.
       V mappings: mapping v applied to view v. Lists become tuples, so
       `crop_scale=[0.2, 1.0]` from a config works.
+    op_order: the ops' order of every view (`config.augment.op_order`, a
+      string like 'crop, grayscale, jitter, flip' or a sequence of `OPS`
+      names); None keeps `DEFAULT_OP_ORDER`.
 
   Returns:
     V `ViewConfig`s.
@@ -504,9 +555,12 @@ def build_views(preset: str, num_views: int, overrides=()
       raise ValueError(f'got {len(overrides)} view overrides for {num_views} '
                        'views; give one (applied to every view) or one per '
                        'view (config.augment.overrides).')
-    fields = {f.name for f in dataclasses.fields(ViewConfig)}
+    fields = {f.name for f in dataclasses.fields(ViewConfig)} - {'op_order'}
     for v, override in enumerate(overrides):
       override = dict(override)
+      if 'op_order' in override:
+        raise ValueError(f'view {v}: op_order is one for every view; set '
+                         'config.augment.op_order, not an override.')
       unknown = sorted(set(override) - fields)
       if unknown:
         raise ValueError(f'unknown ViewConfig field(s) {unknown} in the '
@@ -514,6 +568,9 @@ def build_views(preset: str, num_views: int, overrides=()
       override = {k: tuple(x) if isinstance(x, list) else x
                   for k, x in override.items()}
       views[v] = dataclasses.replace(views[v], **override)
+  if op_order is not None:
+    order = parse_op_order(op_order)
+    views = [dataclasses.replace(cfg, op_order=order) for cfg in views]
   for v, cfg in enumerate(views):
     _validate(cfg, v)
   return tuple(views)
@@ -542,3 +599,12 @@ def _validate(cfg: ViewConfig, v: int) -> None:
                      '<= 0.5.')
   if cfg.size is not None:
     resolve_size(cfg.size, (1, 1))   # Type and range checks only.
+  order = parse_op_order(cfg.op_order)
+  used = {'flip': cfg.flip_p, 'jitter': any(cfg.jitter_amounts()),
+          'grayscale': cfg.grayscale_p, 'blur': cfg.blur_p,
+          'solarize': cfg.solarize_p}
+  missing = [op for op, on in used.items() if on and op not in order]
+  if missing:
+    raise ValueError(f'view {v}: its op order {", ".join(order)!r} leaves out '
+                     f'{", ".join(missing)}, which the view uses '
+                     '(config.augment.op_order).')

@@ -17,7 +17,9 @@ One path for training and evaluation, for every dataset (`sources.py`):
   split in memory on purpose.
 
 Augmented views are made on the devices by `augment.augment_batch` (jitted in
-the train loop), not here: this module only moves uint8 images.
+the train loop), not here: this module only moves uint8 images (with
+`config.dataset.train_crop_source='full_image'`, each view's random resized
+crop cut by the source from the full decoded image: `sources.RandomCrops`).
 """
 
 from __future__ import annotations
@@ -72,7 +74,13 @@ class ArrayDataset:
   def image_shape(self) -> tuple[int, int, int]:
     return tuple(self.images.shape[1:])
 
-  def read(self, indices) -> dict[str, np.ndarray]:
+  def read(self, indices, fit=None) -> dict[str, np.ndarray]:
+    if fit is not None:
+      raise ValueError(
+          'an in-memory split holds one fixed square per image, so it cannot '
+          f'be read with {fit!r} (config.dataset.train_crop_source / '
+          'eval_crop_fraction); stream the split (config.dataset.in_memory='
+          'False).')
     indices = np.asarray(indices, np.int64)
     return {'image': self.images[indices], 'label': self.labels[indices]}
 
@@ -109,8 +117,10 @@ class Subset:
   def __len__(self) -> int:
     return len(self.indices)
 
-  def read(self, indices) -> dict[str, np.ndarray]:
-    return self.source.read(self.indices[np.asarray(indices, np.int64)])
+  def read(self, indices, fit=None) -> dict[str, np.ndarray]:
+    ids = self.indices[np.asarray(indices, np.int64)]
+    return (self.source.read(ids) if fit is None
+            else self.source.read(ids, fit=fit))
 
   @property
   def skipped(self) -> dict[int, str]:
@@ -153,6 +163,9 @@ class _HostBatch:
   global_batch_size: int
   process_index: int
   process_count: int
+  # How the source makes each decoded image an array (sources.training_fit),
+  # set to the step; None: the source's plain read.
+  fit: Any = None
 
   @property
   def steps_per_epoch(self) -> int:
@@ -168,7 +181,8 @@ class _HostBatch:
     worker process reports them this way; see `sources.ImageFolder`)."""
     local = process_slice(self.global_indices(step), self.process_index,
                           self.process_count)
-    batch = self.source.read(local)
+    batch = (self.source.read(local) if self.fit is None
+             else self.source.read(local, fit=self.fit.at(step)))
     bad = getattr(self.source, 'skipped', None) or {}
     return {'image': batch['image'], 'label': batch['label'].astype(np.int32),
             'index': local.astype(np.int32),
@@ -187,11 +201,16 @@ class TrainBatches:
   finds undecodable reach this process's `source.skipped` with the batch.
   An in-memory `ArrayDataset` always reads in this process (a gather,
   nothing to decode).
+
+  `fit` (`sources.training_fit`) is how a decoding source makes each image
+  an array, taken at each step: `sources.RandomCrops` gives 'image' as
+  [B, V, H, W, C], one host-cut crop per view. None: the source's plain
+  read, [B, H, W, C].
   """
 
   def __init__(self, source, *, global_batch_size: int, seed: int,
                sharding: jax.sharding.Sharding, prefetch: int = 2,
-               num_workers: int = 0):
+               num_workers: int = 0, fit=None):
     num_examples = len(source)
     if global_batch_size > num_examples:
       raise ValueError(
@@ -212,7 +231,7 @@ class TrainBatches:
     self.num_workers = 0 if isinstance(source, ArrayDataset) else num_workers
     # step -> this process's part of batch `step` (numpy).
     self.host_batch = _HostBatch(source, seed, num_examples, global_batch_size,
-                                 jax.process_index(), nproc)
+                                 jax.process_index(), nproc, fit)
     self.steps_per_epoch = self.host_batch.steps_per_epoch
 
   def global_indices(self, step: int) -> np.ndarray:
@@ -220,7 +239,8 @@ class TrainBatches:
     return self.host_batch.global_indices(step)
 
   def __call__(self, step: int) -> dict[str, jax.Array]:
-    """Returns {'image': [B,H,W,C] uint8, 'label': [B], 'index': [B]}."""
+    """Returns {'image': [B,H,W,C] uint8 ([B,V,H,W,C] with host crops),
+    'label': [B], 'index': [B]}."""
     return self._on_mesh(self.host_batch(step))
 
   def _on_mesh(self, host: dict[str, Any]) -> dict[str, jax.Array]:

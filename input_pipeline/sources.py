@@ -27,18 +27,32 @@ of processes, with no iterator state. Three kinds:
   `label` [M] int arrays, read whole into an `ArrayDataset`: data that is
   already arrays, and hosts without TensorFlow (TFDS needs it to build).
 
-Images of varying size (JPEG sources) are decoded on the host, their shorter
-side resized to `image_size` and centre-cropped to a square, so batches stack;
-the random augmentations then run on the devices (`augment.py`). Decoding a
-JPEG needs a CPU codec and varies in shape, which is why it is the host's job;
-everything after it is fixed-shape array work that the accelerators do far
-faster than the host (docs/input_pipeline.md).
+Images of varying size (JPEG sources) are decoded on the host and made into
+fixed-shape arrays by a *fit*, so batches stack; the random augmentations then
+run on the devices (`augment.py`). Decoding a JPEG needs a CPU codec and varies
+in shape, which is why it is the host's job; everything after it is
+fixed-shape array work that the accelerators do far faster than the host
+(docs/input_pipeline.md). Two fits:
+
+* `CenterSquare(fraction)`: the shorter side resized to `image_size /
+  fraction`, the central `image_size` square cut (fraction 1: the whole
+  square; 0.875: torchvision's Resize(256) + CenterCrop(224)). A decoding
+  source's own `fit` (what a plain `read` gives, so every evaluation read)
+  has `config.dataset.eval_crop_fraction`.
+* `RandomCrops`: `config.dataset.train_crop_source='full_image'`, one random
+  resized crop per view cut from the full decoded image and resized to
+  `image_size` ([V, S, S, C] per example), drawn from (seed, step, example
+  id, view) alone, so any number of processes reads the same crops.
+  Training batches pass it to `read` (`training_fit`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
+import functools
 import hashlib
+import math
 import os
 import pathlib
 import re
@@ -52,28 +66,8 @@ from absl import logging
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 
 
-def fit_square(image: np.ndarray, size: int | None, channels: int
-               ) -> np.ndarray:
-  """[H, W(, C)] uint8 -> [size, size, channels] uint8.
-
-  Resizes the shorter side to `size` (bilinear, antialiased: PIL's reducing
-  filter) and cuts the central square. None keeps the image's own size (it
-  must then already be square and the same for every example).
-  """
-  from PIL import Image  # pylint: disable=g-import-not-at-top
-  if image.ndim == 2:
-    image = image[..., None]
-  if size is not None and image.shape[:2] != (size, size):
-    h, w = image.shape[:2]
-    scale = size / min(h, w)
-    new_h, new_w = max(size, round(h * scale)), max(size, round(w * scale))
-    pil = Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image)
-    pil = pil.resize((new_w, new_h), Image.BILINEAR)
-    image = np.asarray(pil)
-    if image.ndim == 2:
-      image = image[..., None]
-    top, left = (new_h - size) // 2, (new_w - size) // 2
-    image = image[top:top + size, left:left + size]
+def _to_channels(image: np.ndarray, channels: int) -> np.ndarray:
+  """[H, W, c] uint8 -> [H, W, channels]: grey repeated, or RGB's luma."""
   if image.shape[-1] != channels:
     if channels == 3 and image.shape[-1] == 1:
       image = np.repeat(image, 3, axis=-1)
@@ -84,28 +78,235 @@ def fit_square(image: np.ndarray, size: int | None, channels: int
     else:
       raise ValueError(f'cannot convert {image.shape[-1]} channels to '
                        f'{channels}.')
-  return np.ascontiguousarray(image, dtype=np.uint8)
+  return image
 
 
-def decode_image(path, size: int, channels: int) -> np.ndarray:
-  """An image file -> [size, size, channels] uint8 (`fit_square`).
+def _resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
+  """[h, w, C] uint8 -> [height, width, C]: PIL's bilinear filter, which
+  antialiases when reducing (torchvision's Resize on PIL images)."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  pil = Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image)
+  out = np.asarray(pil.resize((width, height), Image.BILINEAR))
+  return out[..., None] if out.ndim == 2 else out
+
+
+def fit_square(image: np.ndarray, size: int | None, channels: int,
+               fraction: float = 1.0) -> np.ndarray:
+  """[H, W(, C)] uint8 -> [size, size, channels] uint8.
+
+  Resizes the shorter side to `size / fraction` (bilinear, antialiased:
+  PIL's reducing filter) and cuts the central `size` square (top-left
+  corner at half the excess, rounded down). None keeps the image's own size
+  (it must then already be square and the same for every example; the
+  fraction must be 1).
+  """
+  if image.ndim == 2:
+    image = image[..., None]
+  if size is not None and (image.shape[:2] != (size, size) or fraction != 1):
+    target = size if fraction == 1 else round(size / fraction)
+    h, w = image.shape[:2]
+    scale = target / min(h, w)
+    new_h, new_w = max(target, round(h * scale)), max(target, round(w * scale))
+    image = _resize(image, new_h, new_w)
+    top, left = (new_h - size) // 2, (new_w - size) // 2
+    image = image[top:top + size, left:left + size]
+  elif fraction != 1:
+    raise ValueError('a centre crop fraction needs a size to resize to.')
+  return np.ascontiguousarray(_to_channels(image, channels), dtype=np.uint8)
+
+
+def crop_box(rng: np.random.Generator, height: int, width: int,
+             scale: Sequence[float], ratio: Sequence[float]
+             ) -> tuple[int, int, int, int]:
+  """(top, left, h, w) of a random resized crop of a height x width image.
+
+  torchvision's RandomResizedCrop: up to 10 tries of an area fraction
+  ~U(scale) and a log aspect ratio (w / h) ~U(log ratio), the first box that
+  fits placed uniformly; else the largest centred box whose aspect ratio is
+  within `ratio`.
+  """
+  area = height * width
+  log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+  for _ in range(10):
+    target = area * rng.uniform(scale[0], scale[1])
+    aspect = math.exp(rng.uniform(log_lo, log_hi))
+    w = round(math.sqrt(target * aspect))
+    h = round(math.sqrt(target / aspect))
+    if 0 < w <= width and 0 < h <= height:
+      top = int(rng.integers(0, height - h + 1))
+      left = int(rng.integers(0, width - w + 1))
+      return top, left, h, w
+  in_ratio = width / height
+  if in_ratio < min(ratio):
+    w, h = width, round(width / min(ratio))
+  elif in_ratio > max(ratio):
+    h, w = height, round(height * max(ratio))
+  else:
+    h, w = height, width
+  return (height - h) // 2, (width - w) // 2, h, w
+
+
+@dataclasses.dataclass(frozen=True)
+class CenterSquare:
+  """The fit of evaluation (and of today's training) reads: `fit_square`.
+
+  fraction: the share of the resized shorter side the square keeps (1: all
+  of it; 0.875: Resize(256) + CenterCrop(224) at 224).
+  """
+  fraction: float = 1.0
+
+  def at(self, step: int) -> 'CenterSquare':
+    del step
+    return self
+
+  def draft(self, size: int) -> int | None:
+    """The least side a JPEG decoder may reduce the image to."""
+    return round(size / self.fraction)
+
+  def shape(self, image_shape) -> tuple[int, ...]:
+    return tuple(image_shape)
+
+  def __call__(self, image, index: int, size: int, channels: int):
+    del index
+    return fit_square(image, size, channels, self.fraction)
+
+
+# Tells the crop draws' random stream from the other uses of config.seed.
+_CROP_STREAM = 0x63726f70
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomCrops:
+  """One random resized crop per view from the full decoded image.
+
+  boxes: per view, (crop_scale, crop_ratio) of its random resized crop
+    (`crop_box`), or None for a view without one (its image is
+    `CenterSquare()`'s, e.g. a translation-crop view).
+  seed, step: the draws of view v of example i come from
+    `default_rng([_CROP_STREAM, seed, step, i, v])`, so they depend on
+    nothing else (not the process, the batch, the other views).
+  Each crop is resized to size x size (PIL bilinear, antialiased):
+  [V, size, size, channels] per example.
+  """
+  boxes: tuple[tuple[tuple[float, float], tuple[float, float]] | None, ...]
+  seed: int
+  step: int = 0
+
+  def at(self, step: int) -> 'RandomCrops':
+    return dataclasses.replace(self, step=int(step))
+
+  def draft(self, size: int) -> None:
+    del size
+    return None     # Decode at full resolution: small crops keep detail.
+
+  def shape(self, image_shape) -> tuple[int, ...]:
+    return (len(self.boxes),) + tuple(image_shape)
+
+  def __call__(self, image, index: int, size: int, channels: int):
+    if image.ndim == 2:
+      image = image[..., None]
+    image = _to_channels(image, channels)
+    views = []
+    for v, box in enumerate(self.boxes):
+      if box is None:
+        views.append(fit_square(image, size, channels))
+        continue
+      rng = np.random.default_rng([_CROP_STREAM, self.seed, self.step,
+                                   int(index), v])
+      top, left, h, w = crop_box(rng, *image.shape[:2], *box)
+      views.append(_resize(image[top:top + h, left:left + w], size, size))
+    return np.ascontiguousarray(np.stack(views), dtype=np.uint8)
+
+
+TRAIN_CROP_SOURCES = ('center_square', 'full_image')
+
+
+def crop_options(dataset_config) -> tuple[str, float]:
+  """(train_crop_source, eval_crop_fraction) of `config.dataset`; a bare
+  dataset dict without them (a test's) has configs/base.py's defaults."""
+  return (dataset_config.get('train_crop_source', 'center_square'),
+          float(dataset_config.get('eval_crop_fraction', 1.0)))
+
+
+def training_fit(dataset_config, views=None, seed: int = 0):
+  """The fit training batches read with (`pipeline.TrainBatches`'s `fit`).
+
+  `RandomCrops` of `views` (their crop_scale and crop_ratio) with
+  `train_crop_source='full_image'` and views given; else the whole square,
+  `CenterSquare()`, when the sources' own fit is another (an
+  `eval_crop_fraction` below 1); else None: the source's plain read.
+  """
+  crop_source, fraction = crop_options(dataset_config)
+  if crop_source == 'full_image' and views is not None:
+    return RandomCrops(tuple(
+        None if v.crop_scale is None else
+        (tuple(float(x) for x in v.crop_scale),
+         tuple(float(x) for x in v.crop_ratio)) for v in views), int(seed))
+  if fraction != 1:
+    return CenterSquare()
+  return None
+
+
+def check_crop_options(dataset_config) -> None:
+  """Raises for `train_crop_source` / `eval_crop_fraction` values a dataset
+  cannot take: they act where the host decodes and resizes images, so they
+  need a streamed split (an in-memory one holds one fixed square per image)
+  and, for a fraction below 1, an `image_size` to resize to."""
+  dc = dataset_config
+  crop_source, fraction = crop_options(dc)
+  if crop_source not in TRAIN_CROP_SOURCES:
+    raise ValueError(f'config.dataset.train_crop_source={crop_source!r}; use '
+                     f'one of {", ".join(TRAIN_CROP_SOURCES)}.')
+  if not 0 < fraction <= 1:
+    raise ValueError(f'config.dataset.eval_crop_fraction={fraction} must be '
+                     'in (0, 1] (0.875: Resize(256) + CenterCrop(224)).')
+  asked = [what for what, on in (
+      ("train_crop_source='full_image'", crop_source == 'full_image'),
+      (f'eval_crop_fraction={fraction}', fraction != 1)) if on]
+  if not asked:
+    return
+  if dc.name == 'npz' or dc.in_memory:
+    raise ValueError(
+        f'config.dataset.{" and ".join(asked)} act where the host decodes '
+        'each image, but this split is held in memory as fixed squares '
+        f'(config.dataset.{"name=npz" if dc.name == "npz" else "in_memory"}'
+        '); stream it: config.dataset.in_memory=False with an image folder '
+        'or a TFDS dataset.')
+  if fraction != 1 and not dc.image_size:
+    raise ValueError(
+        f'config.dataset.eval_crop_fraction={fraction} resizes the shorter '
+        'side to image_size / fraction, but config.dataset.image_size is '
+        'None (the dataset\'s own size, never resized); set image_size or '
+        'keep the fraction 1.')
+
+
+def load_image(path, channels: int, draft: int | None = None
+               ) -> np.ndarray:
+  """An image file -> [H, W, C] uint8 at its own size (C: 1 or 3).
 
   Every PIL mode becomes 8-bit grey or RGB: palette images through their
   palette, CMYK by PIL's conversion, alpha dropped (the colour channels as
   stored, as TensorFlow's decoders do), 16-bit grey scaled by 255 / 65535
-  (PIL's own conversion would clip it at 255).
+  (PIL's own conversion would clip it at 255). `draft`: a JPEG may be
+  decoded at a reduced scale whose sides stay >= draft (PIL's draft()).
   """
   from PIL import Image  # pylint: disable=g-import-not-at-top
   mode = 'RGB' if channels == 3 else 'L'
   with Image.open(path) as im:
-    # draft() lets the JPEG decoder skip resolution we would throw away.
-    im.draft(mode, (size, size))
+    if draft is not None:
+      # draft() lets the JPEG decoder skip resolution we would throw away.
+      im.draft(mode, (draft, draft))
     if im.mode.startswith('I'):      # 'I;16', 'I;16B', 'I': integer grey.
       image = np.clip(np.round(np.asarray(im, np.float64) / 257), 0,
                       255).astype(np.uint8)
     else:
       image = np.asarray(im.convert(mode))
-  return fit_square(image, size, channels)
+  return image[..., None] if image.ndim == 2 else image
+
+
+def decode_image(path, size: int, channels: int) -> np.ndarray:
+  """An image file -> [size, size, channels] uint8 (`fit_square`)."""
+  return fit_square(load_image(path, channels, draft=size), size, channels)
 
 
 class _ThreadedReader:
@@ -120,6 +321,8 @@ class _ThreadedReader:
   num_threads: int = min(16, os.cpu_count() or 1)
   _pool: concurrent.futures.ThreadPoolExecutor | None = None
   classes: tuple[str, ...] | None = None
+  # What a plain read gives (every evaluation read): see the module doc.
+  fit: CenterSquare = CenterSquare()
 
   def __init__(self):
     self.skipped: dict[int, str] = {}
@@ -140,7 +343,7 @@ class _ThreadedReader:
     for i, why in found.items():
       self._skip(int(i), why, log=False)
 
-  def _read_one(self, i: int) -> tuple[np.ndarray, int]:
+  def _read_one(self, i: int, fit) -> tuple[np.ndarray, int]:
     raise NotImplementedError
 
   def __getstate__(self):
@@ -155,20 +358,24 @@ class _ThreadedReader:
     self.__dict__.update(state)
     self._skipped_lock = threading.Lock()
 
-  def _read_chunk(self, indices: list[int]) -> list[tuple[np.ndarray, int]]:
-    return [self._read_one(i) for i in indices]
+  def _read_chunk(self, indices: list[int], fit
+                  ) -> list[tuple[np.ndarray, int]]:
+    return [self._read_one(i, fit) for i in indices]
 
-  def read(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
+  def read(self, indices: Sequence[int], fit=None) -> dict[str, np.ndarray]:
+    """{'image': [B, *fit.shape(image_shape)] uint8, 'label': [B]}; `fit`
+    (a `CenterSquare` or `RandomCrops`) defaults to the source's own."""
+    fit = self.fit if fit is None else fit
     indices = [int(i) for i in np.asarray(indices)]
     if self._pool is None:
       self._pool = concurrent.futures.ThreadPoolExecutor(self.num_threads)
     # One contiguous chunk per thread, results in the order asked for.
     chunks = [c.tolist() for c in np.array_split(
         np.asarray(indices, np.int64), self.num_threads) if len(c)]
-    pairs = [p for part in self._pool.map(self._read_chunk, chunks)
-             for p in part]
+    pairs = [p for part in self._pool.map(
+        functools.partial(self._read_chunk, fit=fit), chunks) for p in part]
     if not pairs:
-      return {'image': np.zeros((0,) + self.image_shape, np.uint8),
+      return {'image': np.zeros((0,) + fit.shape(self.image_shape), np.uint8),
               'label': np.zeros((0,), np.int32)}
     return {'image': np.stack([p[0] for p in pairs]),
             'label': np.asarray([p[1] for p in pairs], np.int32)}
@@ -211,8 +418,10 @@ class ImageFolder(_ThreadedReader):
 
   def __init__(self, root: str | os.PathLike, split: str, *,
                image_size: int, channels: int = 3,
-               classes: Sequence[str] | None = None):
+               classes: Sequence[str] | None = None,
+               fit: CenterSquare = CenterSquare()):
     super().__init__()
+    self.fit = fit
     split_dir = pathlib.Path(root) / split
     if not split_dir.is_dir():
       have = _visible_dirs(root) if pathlib.Path(root).is_dir() else []
@@ -266,9 +475,11 @@ class ImageFolder(_ThreadedReader):
   def num_classes(self) -> int:
     return len(self.classes)
 
-  def _read_one(self, i):
+  def _read_one(self, i, fit):
     try:
-      image = decode_image(self.files[i], self._size, self._channels)
+      image = fit(load_image(self.files[i], self._channels,
+                             draft=fit.draft(self._size)),
+                  i, self._size, self._channels)
     except MemoryError:
       raise
     except Exception as e:  # pylint: disable=broad-except
@@ -276,7 +487,8 @@ class ImageFolder(_ThreadedReader):
       # chunk), it concerns this one file: a deterministic substitute keeps
       # the batch's shape and a resumed run's batches exact.
       self._skip(i, f'{self.files[i]} ({type(e).__name__}: {e})')
-      image = np.zeros(self.image_shape, np.uint8)
+      image = fit(np.zeros(self.image_shape, np.uint8), i, self._size,
+                  self._channels)
     return image, int(self.labels[i])
 
 
@@ -284,10 +496,11 @@ class TfdsSource(_ThreadedReader):
   """A TFDS split in the ArrayRecord format, read by `tfds.data_source`."""
 
   def __init__(self, name: str, split: str, *, data_dir: str | None,
-               image_size: int | None):
+               image_size: int | None, fit: CenterSquare = CenterSquare()):
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     from input_pipeline import datasets  # pylint: disable=g-import-not-at-top
     super().__init__()
+    self.fit = fit
     builder = datasets.get_builder(name, data_dir)
     if split not in builder.info.splits and '[' not in split:
       raise ValueError(f'{name!r} has no split {split!r}; splits: '
@@ -315,7 +528,9 @@ class TfdsSource(_ThreadedReader):
     local = '://' not in str(builder.data_dir)
     info = os.path.join(builder.data_dir, 'dataset_info.json')
     built = os.path.getmtime(info) if local and os.path.exists(info) else 0
-    digest = hashlib.sha1(f'{split} {built}'.encode()).hexdigest()[:8]
+    key = f'{split} {built}' + (f' {fit.fraction}' if fit.fraction != 1
+                                 else '')
+    digest = hashlib.sha1(key.encode()).hexdigest()[:8]
     self.decoded_path = None if not local else (
         os.path.join(builder.data_dir, 'decoded',
                      f'{re.sub(r"[^A-Za-z0-9]+", "_", split)}-{digest}-'
@@ -359,13 +574,14 @@ class TfdsSource(_ThreadedReader):
         os.remove(tmp)
     return data
 
-  def _read_one(self, i):
-    return self._read_chunk([i])[0]
+  def _read_one(self, i, fit):
+    return self._read_chunk([i], fit)[0]
 
-  def _read_chunk(self, indices):
+  def _read_chunk(self, indices, fit):
     # One batched ArrayRecord read: ~2x faster per record than one by one.
-    return [(fit_square(np.asarray(ex['image']), self._size, self._channels),
-             int(ex['label'])) for ex in self._source.__getitems__(indices)]
+    return [(fit(np.asarray(ex['image']), i, self._size, self._channels),
+             int(ex['label']))
+            for i, ex in zip(indices, self._source.__getitems__(indices))]
 
 
 _SLICE = re.compile(r'^([A-Za-z0-9_-]+)(?:\[(-?\d*):(-?\d*)\])?$')
@@ -411,7 +627,7 @@ def read_npz(root: str | os.PathLike, split: str):
 def open_split(dataset_config, split: str,
                classes: Sequence[str] | None = None):
   """The source of `split` for `config.dataset` (name, data_dir, image_size,
-  in_memory).
+  in_memory, eval_crop_fraction: the source's own fit, `check_crop_options`).
 
   `name='image_folder'` reads `data_dir/<split>/<class>/*`, labelled by
   `classes` (default: the folder's class list, `folder_classes`);
@@ -422,6 +638,8 @@ def open_split(dataset_config, split: str,
   `TfdsSource.read_all`).
   """
   dc = dataset_config
+  check_crop_options(dc)
+  fit = CenterSquare(crop_options(dc)[1])
   if dc.name == 'npz':
     if not dc.data_dir:
       raise ValueError('config.dataset.name="npz" reads '
@@ -442,10 +660,10 @@ def open_split(dataset_config, split: str,
       raise ValueError('an image folder needs config.dataset.image_size '
                        '(its images are resized and centre-cropped to it).')
     source = ImageFolder(dc.data_dir, split, image_size=dc.image_size,
-                         classes=classes)
+                         classes=classes, fit=fit)
   else:
     source = TfdsSource(dc.name, split, data_dir=dc.data_dir,
-                        image_size=dc.image_size)
+                        image_size=dc.image_size, fit=fit)
   return source.read_all() if dc.in_memory else source
 
 

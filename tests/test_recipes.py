@@ -137,20 +137,17 @@ def hyperparameters(config) -> dict:
         'memory_bank.noise': config.memory_bank.noise,
     })
   views = augment.build_views(config.augment.preset, config.augment.num_views,
-                              config.augment.overrides)
+                              config.augment.overrides, config.augment.op_order)
   for field in VIEW_FIELDS:
     h[f'views.{field}'] = _views_value(views, field)
   default = augment.ViewConfig()
   for field in OPTIONAL_VIEW_FIELDS:
     if any(getattr(v, field) != getattr(default, field) for v in views):
       h[f'views.{field}'] = _views_value(views, field)
-  h['views.op_order'] = config.augment.get(
-      'op_order', 'crop, flip, jitter, grayscale, blur, solarize')
+  h['views.op_order'] = config.augment.op_order
   if config.dataset.name == 'imagenet2012':
-    h['dataset.train_crop_source'] = config.dataset.get(
-        'train_crop_source', 'center_square')
-    h['dataset.eval_crop_fraction'] = config.dataset.get(
-        'eval_crop_fraction', 1.0)
+    h['dataset.train_crop_source'] = config.dataset.train_crop_source
+    h['dataset.eval_crop_fraction'] = config.dataset.eval_crop_fraction
   entry = config.evals.linear_eval
   if entry.every_steps >= 0 and entry.preset:
     probe = linear_eval.get_config(entry.preset, epochs=entry.epochs,

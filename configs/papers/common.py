@@ -57,10 +57,13 @@ def base(scale: str) -> ml_collections.ConfigDict:
   if scale == 'imagenet':
     config.dataset.name = 'imagenet2012'
     config.dataset.eval_split = 'validation'
-    # The host resizes the shorter side to 224 and centre-crops (the eval
-    # images: the papers' Resize(256) + CenterCrop(224) differs slightly);
-    # the random resized crops of pretraining are cut from that square.
+    # The reference codes' ImageNet pipeline: each view's random resized
+    # crop cut from the full decoded image and resized to 224 (torchvision's
+    # RandomResizedCrop, SimCLR's distorted_bounding_box_crop), evaluation
+    # images Resize(256) + CenterCrop(224) (SimCLR: CROP_PROPORTION 0.875).
     config.dataset.image_size = 224
+    config.dataset.train_crop_source = 'full_image'
+    config.dataset.eval_crop_fraction = 224 / 256
     config.dataset.in_memory = False  # Every host reads only its part.
     config.model.encoder = 'resnet50'
     config.model.encoder_kwargs = ml_collections.ConfigDict(

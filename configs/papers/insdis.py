@@ -35,8 +35,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if scale == 'imagenet':
     common.sgd_moco_v2(config, epochs=200.)
     config.augment.preset = 'moco_v1'
-    # lemniscate main.py: ColorJitter(0.4, 0.4, 0.4, 0.4), always.
+    # lemniscate main.py: ColorJitter(0.4, 0.4, 0.4, 0.4), always, after
+    # RandomGrayscale(0.2): RandomResizedCrop, RandomGrayscale, ColorJitter,
+    # RandomHorizontalFlip.
     config.augment.overrides = ({'jitter': (0.4, 0.4, 0.4, 0.4)},)
+    config.augment.op_order = 'crop, grayscale, jitter, flip'
     config.optimizer.schedule = 'step'
     config.optimizer.decay_epochs = (120, 160)
   else:

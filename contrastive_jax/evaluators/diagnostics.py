@@ -421,7 +421,7 @@ class Diagnostics(base.Evaluator):
     bar.set_postfix_str('diagnostics')
     views_cfg = augment.build_views(
         config.augment.preset, max(2, config.augment.num_views),
-        config.augment.overrides)[:2]
+        config.augment.overrides, config.augment.op_order)[:2]
     emb = _embed_views(env.model, rep.variables, env.test, env.mesh,
                        batch_size=config.eval.batch_size, views_cfg=views_cfg,
                        seed=self.cfg.seed)

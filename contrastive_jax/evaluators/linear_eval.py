@@ -40,6 +40,7 @@ from contrastive_jax import progress
 from contrastive_jax.evaluators import base
 from input_pipeline import augment
 from input_pipeline import pipeline
+from input_pipeline import sources
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,7 +222,7 @@ def make_step_fns(model, tx, view: augment.ViewConfig, mesh):
 def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
                       cfg: LinearEvalConfig, num_classes: int, seed: int = 0,
                       eval_batch_size: int = 256, num_workers: int = 0,
-                      bar_desc: str = 'linear evaluation'
+                      fit=None, bar_desc: str = 'linear evaluation'
                       ) -> dict[str, Any]:
   """Trains and scores a linear classifier on the frozen encoder.
 
@@ -236,6 +237,9 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
     eval_batch_size: global batch of the evaluation passes.
     num_workers: decoding processes of the streamed training images
       (`pipeline.TrainBatches`).
+    fit: how the training images are read (`sources.training_fit` without
+      views: the whole square, whatever the sources' evaluation fit); None:
+      the source's plain read.
     bar_desc: the progress bar's label (progress.py decides if it shows).
 
   Returns:
@@ -250,7 +254,7 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
   rows = NamedSharding(mesh, P('data'))
   batches = pipeline.TrainBatches(train_source, global_batch_size=min(
       cfg.batch_size, len(train_source)), seed=seed, sharding=rows,
-      num_workers=num_workers)
+      num_workers=num_workers, fit=fit)
   if batches.global_batch_size % mesh.size:
     raise ValueError(f'the linear evaluation batch {batches.global_batch_size}'
                      f' is not divisible by the {mesh.size} devices; set '
@@ -346,6 +350,7 @@ class LinearEval(base.Evaluator):
         cfg=self.recipe, num_classes=env.num_classes, seed=env.config.seed,
         eval_batch_size=env.config.eval.batch_size,
         num_workers=env.config.dataset.num_workers,
+        fit=sources.training_fit(env.config.dataset),
         bar_desc=f'linear evaluation ({self.cfg.preset})')
     names = {'top1_last': 'top1', 'top5_last': 'top5'}
     return {f'linear_eval_{names.get(k, k)}': v for k, v in out.items()
