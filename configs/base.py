@@ -102,6 +102,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.head_out_dim = 128
   config.model.head_layers = 2
   config.model.head_batch_norm = True       # False: MoCo v2's head (no BN).
+  # > 0: every BatchNorm of the encoder normalises each view's global batch
+  # in this many equal groups, each with its own statistics (SplitBatchNorm,
+  # models.py): BN per device of the papers' multi-GPU runs (MoCo: 8 GPUs),
+  # or lightly's one-GPU emulation of it (num_splits=8), on any number of
+  # devices; with config.moco.shuffle_bn the key batch is shuffled over the
+  # groups. batch_size must be a multiple. 0: statistics over the whole batch.
+  config.model.bn_splits = 0
   # Compute dtype of the conv and dense layers: 'float32', or 'bfloat16' for
   # mixed precision (parameters, optimizer state, BN statistics, features and
   # the loss stay float32; models.py).
@@ -131,8 +138,10 @@ def get_config() -> ml_collections.ConfigDict:
   # > 0: a predictor MLP (this hidden width, out head_out_dim) on the query
   # branch, MoCo v3's and BYOL's; 0: none (MoCo v1/v2).
   config.moco.predictor_hidden_dim = 0
-  # What enters the queue: 'first' key view (MoCo) or 'mean' of the
-  # normalised key views (JCL's key means).
+  # What enters the queue: 'first' key view (MoCo), 'mean' of the
+  # normalised key views (JCL's key means) or 'all' key views, one after the
+  # other in key_views order (lightly's symmetric MoCo enqueues both views'
+  # keys; queue_size then a multiple of batch_size x len(key_views)).
   config.moco.enqueue_keys = 'first'
   # method='memory_bank' only.
   config.memory_bank = ml_collections.ConfigDict()

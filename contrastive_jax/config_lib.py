@@ -123,6 +123,16 @@ def validate(config, num_devices: int | None = None) -> None:
   if config.eval.batch_size % n:
     raise ValueError(f'config.eval.batch_size={config.eval.batch_size} is not '
                      f'divisible by the {n} devices; use a multiple of {n}.')
+  splits = config.model.bn_splits
+  if not isinstance(splits, int) or splits < 0:
+    raise ValueError(f'config.model.bn_splits={splits!r} must be an int >= 0 '
+                     '(0: BatchNorm over the whole batch).')
+  if splits and (b % splits or b // splits < 2):
+    raise ValueError(
+        f'config.batch_size={b} does not split into config.model.bn_splits='
+        f'{splits} BatchNorm groups of at least 2 images; set batch_size to '
+        f'a multiple of {splits} (>= {2 * splits}) or bn_splits to a divisor '
+        f'of {b}.')
   method.validate(config, n)
   for name, kind in dict(config.loss_schedules).items():
     if name not in methods.base.loss_parameters(config.loss):

@@ -119,6 +119,91 @@ def cpu_conv(lhs, rhs, window_strides, padding, lhs_dilation=None,
   return _conv_cpu(lhs, rhs, pads, precision)
 
 
+class SplitBatchNorm(nn.Module):
+  """BatchNorm whose training statistics are those of `splits` groups.
+
+  In training the batch [N, ..., C] is cut into `splits` contiguous groups of
+  N / splits examples and each group is normalised with its own mean and
+  (biased) variance over its examples and spatial positions: what BatchNorm
+  computes on each of `splits` devices that each hold one group, emulated on
+  any number of devices (lightly's SplitBatchNorm; MoCo's per-GPU BN). The
+  running statistics move towards the mean over the groups of their means
+  and of their variances (lightly averages its per-split running statistics
+  the same way). In eval mode it is ordinary BatchNorm with those running
+  statistics. Parameters (`scale`, `bias`) and statistics (`mean`, `var`)
+  have nn.BatchNorm's names, shapes and float32 dtype, and `momentum` its
+  meaning (the running statistics keep `momentum` of their value).
+  Two details differ from lightly's layer, both of BatchNorm's own kind:
+  the running variance follows the biased variance (nn.BatchNorm's rule;
+  PyTorch's is unbiased), and the groups are contiguous, as devices' shards
+  are (lightly's take every S-th example; on a shuffled batch alike).
+  """
+  splits: int
+  use_running_average: bool = False
+  momentum: float = 0.9
+  epsilon: float = 1e-5
+  dtype: Any = None
+  scale_init: Callable[..., Any] = nn.initializers.ones
+  bias_init: Callable[..., Any] = nn.initializers.zeros
+
+  @nn.compact
+  def __call__(self, x):
+    c = x.shape[-1]
+    ra_mean = self.variable('batch_stats', 'mean',
+                            lambda s: jnp.zeros(s, jnp.float32), (c,))
+    ra_var = self.variable('batch_stats', 'var',
+                           lambda s: jnp.ones(s, jnp.float32), (c,))
+    scale = self.param('scale', self.scale_init, (c,), jnp.float32)
+    bias = self.param('bias', self.bias_init, (c,), jnp.float32)
+    x32 = x.astype(jnp.float32)
+    if self.use_running_average:
+      y = (x32 - ra_mean.value) * (lax.rsqrt(ra_var.value + self.epsilon)
+                                   * scale) + bias
+    else:
+      n, s = x.shape[0], self.splits
+      if s < 1 or n % s:
+        raise ValueError(
+            f'SplitBatchNorm: a batch of {n} does not split into {s} equal '
+            'groups; set config.batch_size to a multiple of '
+            'config.model.bn_splits.')
+      groups = x32.reshape((s, n // s) + x.shape[1:])
+      axes = tuple(range(1, groups.ndim - 1))
+      mean = jnp.mean(groups, axis=axes, keepdims=True)
+      var = jnp.mean(jnp.square(groups - mean), axis=axes, keepdims=True)
+      y = ((groups - mean) * (lax.rsqrt(var + self.epsilon) * scale)
+           + bias).reshape(x.shape)
+      if not self.is_initializing():
+        m = self.momentum
+        ra_mean.value = m * ra_mean.value + (1 - m) * jnp.mean(
+            mean.reshape(s, c), axis=0)
+        ra_var.value = m * ra_var.value + (1 - m) * jnp.mean(
+            var.reshape(s, c), axis=0)
+    return y.astype(self.dtype or jnp.result_type(x.dtype, jnp.float32))
+
+
+def batch_norm(*, train: bool, dtype, bn_splits: int = 0, **kwargs):
+  """The encoders' BatchNorm constructor (call it with `name=`).
+
+  `bn_splits` 0: nn.BatchNorm (statistics over the whole batch it sees; under
+  jit over the global batch). > 0: SplitBatchNorm over that many groups.
+  Both: momentum 0.9 (PyTorch's 0.1), epsilon 1e-5.
+  """
+  kwargs = dict(use_running_average=not train, momentum=0.9, epsilon=1e-5,
+                dtype=dtype, **kwargs)
+  if bn_splits:
+    return functools.partial(SplitBatchNorm, splits=bn_splits, **kwargs)
+  return functools.partial(nn.BatchNorm, **kwargs)
+
+
+def bn_splits_of(model) -> int:
+  """`bn_splits` of the encoder inside `model` (WithPredictor,
+  ContrastiveModel or an encoder), 0 when it has none."""
+  for attr in ('base', 'encoder'):
+    if hasattr(model, attr):
+      return bn_splits_of(getattr(model, attr))
+  return int(getattr(model, 'bn_splits', 0) or 0)
+
+
 class SmallCNN(nn.Module):
   """A CPU-sized CNN: `len(widths)` stages of [3x3 conv, BN, ReLU], 2x2 pool.
 
@@ -130,11 +215,11 @@ class SmallCNN(nn.Module):
   widths: Sequence[int] = (32, 64, 128, 256)
   pool: str = 'avg'
   dtype: Any = jnp.float32
+  bn_splits: int = 0              # > 0: SplitBatchNorm (config.model).
 
   @nn.compact
   def __call__(self, x, *, train: bool):
-    norm = functools.partial(nn.BatchNorm, use_running_average=not train,
-                             momentum=0.9, epsilon=1e-5, dtype=self.dtype)
+    norm = batch_norm(train=train, dtype=self.dtype, bn_splits=self.bn_splits)
     x = x.astype(self.dtype)
     for i, width in enumerate(self.widths):
       x = nn.Conv(width, (3, 3), use_bias=False, dtype=self.dtype,
@@ -273,7 +358,11 @@ def create_model(config) -> ContrastiveModel:
                      "reads from a spatial map: its global average, or the "
                      'flattened map that evaluation reads).')
   dtype = compute_dtype(config)
-  encoder = ENCODERS[name](**config.model.encoder_kwargs, dtype=dtype)
+  # BatchNorm over groups of the batch (SplitBatchNorm) only when asked, so
+  # that an encoder without the field still builds.
+  splits = config.model.get('bn_splits', 0)
+  encoder = ENCODERS[name](**config.model.encoder_kwargs, dtype=dtype,
+                           **({'bn_splits': splits} if splits else {}))
   head = ProjectionHead(hidden_dim=config.model.head_hidden_dim,
                         out_dim=config.model.head_out_dim,
                         num_layers=config.model.head_layers,
@@ -295,13 +384,11 @@ def create_model(config) -> ContrastiveModel:
 _conv_init = nn.initializers.variance_scaling(2.0, 'fan_out', 'normal')
 
 
-def _conv_and_norm(dtype, train: bool):
+def _conv_and_norm(dtype, train: bool, bn_splits: int = 0):
   """The bias-free conv and the BatchNorm every ResNet block uses."""
   conv = functools.partial(nn.Conv, use_bias=False, dtype=dtype,
                            kernel_init=_conv_init)
-  norm = functools.partial(nn.BatchNorm, use_running_average=not train,
-                           momentum=0.9, epsilon=1e-5, dtype=dtype)
-  return conv, norm
+  return conv, batch_norm(train=train, dtype=dtype, bn_splits=bn_splits)
 
 
 class BasicBlock(nn.Module):
@@ -310,12 +397,13 @@ class BasicBlock(nn.Module):
   strides: int = 1
   dtype: Any = jnp.float32
   zero_init_residual: bool = False
+  bn_splits: int = 0
 
   expansion = 1
 
   @nn.compact
   def __call__(self, x, *, train: bool):
-    conv, norm = _conv_and_norm(self.dtype, train)
+    conv, norm = _conv_and_norm(self.dtype, train, self.bn_splits)
     y = conv(self.filters, (3, 3), (self.strides, self.strides),
              padding=((1, 1), (1, 1)), name='conv1')(x)
     y = nn.relu(norm(name='bn1')(y))
@@ -337,12 +425,13 @@ class Bottleneck(nn.Module):
   strides: int = 1
   dtype: Any = jnp.float32
   zero_init_residual: bool = False
+  bn_splits: int = 0
 
   expansion = 4
 
   @nn.compact
   def __call__(self, x, *, train: bool):
-    conv, norm = _conv_and_norm(self.dtype, train)
+    conv, norm = _conv_and_norm(self.dtype, train, self.bn_splits)
     out = self.filters * self.expansion
     y = nn.relu(norm(name='bn1')(conv(self.filters, (1, 1), name='conv1')(x)))
     y = conv(self.filters, (3, 3), (self.strides, self.strides),
@@ -375,6 +464,8 @@ class ResNet(nn.Module):
     zero_init_residual: zero the last BN scale of every block (torchvision
       default False, which MoCo/SimCLR-PyTorch use).
     dtype: compute dtype; parameters and BN statistics stay float32.
+    bn_splits: > 0: every BatchNorm normalises that many groups of its batch
+      separately in training (SplitBatchNorm; config.model.bn_splits).
   """
   stage_sizes: Sequence[int]
   block_cls: ModuleDef
@@ -382,6 +473,7 @@ class ResNet(nn.Module):
   stem: str = 'imagenet'
   zero_init_residual: bool = False
   dtype: Any = jnp.float32
+  bn_splits: int = 0
 
   @nn.compact
   def __call__(self, x, *, train: bool):
@@ -397,8 +489,8 @@ class ResNet(nn.Module):
     else:
       raise ValueError(f"stem must be 'imagenet' or 'cifar'; got "
                        f'{self.stem!r}.')
-    x = nn.BatchNorm(use_running_average=not train, momentum=0.9,
-                     epsilon=1e-5, dtype=self.dtype, name='bn_stem')(x)
+    x = batch_norm(train=train, dtype=self.dtype,
+                   bn_splits=self.bn_splits)(name='bn_stem')(x)
     x = nn.relu(x)
     if self.stem == 'imagenet':
       x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
@@ -408,6 +500,7 @@ class ResNet(nn.Module):
             filters=self.width * 2**i,
             strides=2 if i > 0 and j == 0 else 1, dtype=self.dtype,
             zero_init_residual=self.zero_init_residual,
+            bn_splits=self.bn_splits,
             name=f'stage{i + 1}_block{j}')(x, train=train)
     # Features in float32 whatever the compute dtype: kNN, probes and the
     # loss's normalisation want full precision.
@@ -443,14 +536,14 @@ class SmallAlexNet(nn.Module):
   widths: Sequence[int] = (96, 192, 384, 384, 192)
   fc_dim: int = 4096
   dtype: Any = jnp.float32
+  bn_splits: int = 0              # > 0: SplitBatchNorm (config.model).
 
   @nn.compact
   def __call__(self, x, *, train: bool):
     if len(self.widths) != 5:
       raise ValueError(f'widths must name 5 convs; got {self.widths}.')
     init = nn.initializers.normal(0.02)
-    norm = functools.partial(nn.BatchNorm, use_running_average=not train,
-                             momentum=0.9, epsilon=1e-5, dtype=self.dtype)
+    norm = batch_norm(train=train, dtype=self.dtype, bn_splits=self.bn_splits)
     x = x.astype(self.dtype)
     for i, width in enumerate(self.widths):
       x = nn.Conv(width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,

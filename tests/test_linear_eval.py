@@ -131,3 +131,85 @@ def test_presets_follow_the_papers_and_rescale_with_the_batch():
   assert linear_eval.PRESETS['tcl'].view.pad_crop == 4
   with pytest.raises(ValueError, match='unknown linear-evaluation preset'):
     linear_eval.get_config('byol')
+
+
+def test_the_supcon_moco_v3_and_tcl_cifar100_presets():
+  # SupContrast main_linear.py + README: SGD lr 5 at batch 512, momentum
+  # 0.9, no weight decay, 100 epochs, x0.2 after epochs 60, 75 and 90.
+  supcon = linear_eval.PRESETS['supcon']
+  assert (supcon.optimizer, supcon.lr, supcon.batch_size, supcon.epochs,
+          supcon.momentum, supcon.nesterov, supcon.weight_decay,
+          supcon.schedule, supcon.milestones, supcon.lr_decay,
+          supcon.view.crop_scale, supcon.view.flip_p) == (
+              'sgd', 5.0, 512, 100, 0.9, False, 0.0, 'step', (60, 75, 90),
+              0.2, (0.2, 1.), 0.5)
+  # util.py adjust_learning_rate: lr x 0.2^(number of milestones the 1-based
+  # epoch exceeds), i.e. 0-based epoch e has lr x 0.2^#{m <= e}.
+  sched = linear_eval.learning_rate(supcon, steps_per_epoch=10)
+  for epoch in (0, 59, 60, 74, 75, 89, 90, 99):
+    for step in (10 * epoch, 10 * epoch + 9):
+      assert float(sched(step)) == pytest.approx(
+          5.0 * 0.2 ** sum(m <= epoch for m in (60, 75, 90)), rel=1e-6)
+  # MoCo v3 main_lincls.py: lr 0.1 x 1024 / 256, plain momentum, cosine.
+  mocov3 = linear_eval.PRESETS['moco_v3']
+  assert (mocov3.lr, mocov3.batch_size, mocov3.epochs, mocov3.nesterov,
+          mocov3.weight_decay, mocov3.schedule) == (
+              pytest.approx(0.4), 1024, 90, False, 0.0, 'cosine')
+  # SimCLR's README: --weight_decay=1e-6.
+  assert linear_eval.PRESETS['simclr'].weight_decay == 1e-6
+  # TCL's CIFAR-100 linear stage: 'tcl' at batch 128, lr 0.5 not rescaled.
+  tcl, tcl100 = linear_eval.PRESETS['tcl'], linear_eval.PRESETS['tcl_cifar100']
+  assert (tcl100.batch_size, tcl100.lr) == (128, 0.5)
+  assert dataclasses.replace(tcl100, batch_size=64) == tcl
+
+
+def _numpy_step_sgd(train, test, cfg, steps_per_epoch):
+  """Plain-momentum SGD (PyTorch's), the step schedule written out."""
+  x = train.images.astype(np.float64)[:, :, ::-1].reshape(N, -1) / 255.
+  y = train.labels
+  w, b = np.zeros((x.shape[1], C)), np.zeros(C)
+  mw, mb = np.zeros_like(w), np.zeros_like(b)
+  lrs = []
+  for epoch in range(cfg.epochs):
+    lr = cfg.lr * cfg.lr_decay ** sum(m <= epoch for m in cfg.milestones)
+    lrs.append(lr)
+    order = np.random.default_rng([SEED, epoch]).permutation(N)
+    for i in range(steps_per_epoch):
+      idx = order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
+      logits = x[idx] @ w + b
+      p = np.exp(logits - logits.max(1, keepdims=True))
+      p /= p.sum(1, keepdims=True)
+      resid = (p - np.eye(C)[y[idx]]) / len(idx)
+      mw = cfg.momentum * mw + x[idx].T @ resid + cfg.weight_decay * w
+      mb = cfg.momentum * mb + resid.sum(0) + cfg.weight_decay * b
+      w, b = w - lr * mw, b - lr * mb
+  return w, b, lrs
+
+
+def test_a_short_run_of_the_supcon_preset_follows_its_step_schedule():
+  # The 'supcon' preset at batch 16 (lr rescaled: 5 x 16 / 512), shortened
+  # to 4 epochs with its decays after epochs 1, 2 and 3; every training
+  # image flipped and not cropped, so that numpy can replay the run.
+  cfg = dataclasses.replace(
+      linear_eval.get_config('supcon', batch_size=16, epochs=4),
+      milestones=(1, 2, 3),
+      view=augment.ViewConfig(crop_scale=None, flip_p=1.0))
+  assert cfg.lr == pytest.approx(5.0 * 16 / 512)
+  out = _run(runtime.create_mesh(), cfg)
+  w, b, lrs = _numpy_step_sgd(_data(0, N), _data(1, 30), cfg,
+                              steps_per_epoch=N // 16)
+  assert lrs == pytest.approx([0.15625, 0.03125, 0.00625, 0.00125])
+  got = jax.device_get(out['classifier'])
+  scale = np.abs(w).max()
+  np.testing.assert_allclose(got['w'], w, atol=1e-5 * scale)
+  np.testing.assert_allclose(got['b'], b, atol=1e-5 * scale)
+  # A constant lr (no decay) ends elsewhere: the schedule is what was used.
+  flat = dataclasses.replace(cfg, milestones=())
+  w_flat, _, _ = _numpy_step_sgd(_data(0, N), _data(1, 30), flat,
+                                 steps_per_epoch=N // 16)
+  assert np.abs(w_flat - w).max() > 100 * 1e-5 * scale
+  # And the preset's own augmentation (crop 0.2-1 + flip) runs.
+  own = _run(runtime.create_mesh(),
+             linear_eval.get_config('supcon', batch_size=16, epochs=2))
+  assert np.isfinite(own['train_loss_last'])
+  assert 0. <= own['top1_last'] <= 1.

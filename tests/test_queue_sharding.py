@@ -308,3 +308,8 @@ def test_shuffle_bn_on_one_device_is_said_to_do_nothing(caplog):
   with caplog.at_level(logging.WARNING):
     config_lib.validate(config, num_devices=8)
   assert 'shuffle-BN' not in caplog.text
+  # With BatchNorm over groups the shuffle acts on one device too.
+  config.model.bn_splits = 8
+  with caplog.at_level(logging.WARNING):
+    config_lib.validate(config, num_devices=1)
+  assert 'shuffle-BN' not in caplog.text

@@ -126,7 +126,7 @@ def hyperparameters(config) -> dict:
         'moco.momentum_schedule': mc.momentum_schedule,
         'moco.predictor_hidden_dim': mc.predictor_hidden_dim,
         'moco.shuffle_bn': mc.shuffle_bn,
-        'model.bn_splits': model.get('bn_splits', 0),
+        'model.bn_splits': model.bn_splits,
     })
   elif config.method == 'in_batch':
     h['directions'] = 'symmetric'

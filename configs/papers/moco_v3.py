@@ -45,7 +45,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                  'crop_scale': (0.2, 1.0)},)
     config.loss_kwargs = ml_collections.ConfigDict(
         {'temperature': 1.0, 'in_batch_negatives': True})
-    config.evals.linear_eval.batch_size = 1024
+    config.evals.linear_eval = common.linear_eval('moco_v3')
   else:
     # solo-learn scripts/pretrain/cifar/mocov3.yaml: weight_decay 1e-6.
     common.lars_simclr(config, batch_size=256, epochs=200.,

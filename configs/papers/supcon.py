@@ -9,7 +9,8 @@ the anchor's label is a positive.
 imagenet: ResNet-50, tau 0.1, L_out, SupContrast's head, SimCLR's LARS recipe
 at batch 4096 for 350 epochs (the paper's ImageNet values are unverified).
 cifar10 / cifar100: SupContrast's CIFAR command (batch 1024, SGD lr 0.5, 10
-warmup epochs from 0.01, cosine, tau 0.1) with ResNet-18 for 200 epochs.
+warmup epochs from 0.01, cosine, tau 0.1) with ResNet-18 for 200 epochs,
+and its linear evaluation (main_linear.py: SGD lr 5 at batch 512, step decay).
 Every value, its source and why it differs: configs/papers/recipes.yaml.
 Paper: 78.7% top-1, ResNet-50 (SupCon paper Table 1, with AutoAugment;
 unverified here); SupContrast README: 96.0% (CIFAR-10) and 76.5% (CIFAR-100)
@@ -46,4 +47,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # 1.)), ColorJitter(0.4, 0.4, 0.4, 0.1) p=0.8.
     config.augment.overrides = ({'crop_scale': (0.2, 1.0),
                                  'jitter': (0.4, 0.4, 0.4, 0.1)},)
+    # SupContrast main_linear.py with its README command (batch 512, lr 5).
+    config.evals.linear_eval = common.linear_eval('supcon')
   return config

@@ -36,7 +36,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.optimizer.weight_decay = 1e-4
   config.optimizer.warmup_fraction = 0.
   config.num_epochs = 100.
-  config.evals.linear_eval = common.linear_eval('tcl')
+  # TCL's linear stage; on CIFAR-100 at its contrastive batch of 128.
+  config.evals.linear_eval = common.linear_eval(
+      'tcl_cifar100' if scale == 'cifar100' else 'tcl')
   if scale == 'imagenet':
     config.batch_size = 256
     config.optimizer.base_learning_rate = 0.3 * 256 / 128

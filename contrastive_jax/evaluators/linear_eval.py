@@ -80,12 +80,26 @@ PRESETS: dict[str, LinearEvalConfig] = {
     'moco': LinearEvalConfig(optimizer='sgd', lr=30.0, epochs=100, batch_size=256,
                         momentum=0.9, schedule='step', milestones=(60, 80),
                         lr_decay=0.1, view=_CROP_FLIP),
-    # SimCLR (App. B.5) and MoCo v3's main_lincls.py: SGD with Nesterov
-    # momentum, lr 0.1 x B / 256, cosine, 90 epochs, no weight decay, crop +
-    # flip. SimCLR ran batch 4096; MoCo v3's code 1024 (same lr rule).
+    # SimCLR (App. B.5; README linear evaluation command): SGD with Nesterov
+    # momentum, lr 0.1 x B / 256 at batch 4096, cosine, 90 epochs, weight
+    # decay 1e-6, crop + flip.
     'simclr': LinearEvalConfig(optimizer='sgd', lr=1.6, epochs=90, batch_size=4096,
-                          momentum=0.9, nesterov=True, schedule='cosine',
-                          view=_CROP_FLIP),
+                          momentum=0.9, nesterov=True, weight_decay=1e-6,
+                          schedule='cosine', view=_CROP_FLIP),
+    # MoCo v3's main_lincls.py: SGD (momentum 0.9, no Nesterov), lr 0.1 x B /
+    # 256 at batch 1024, cosine to 0, 90 epochs, no weight decay, crop + flip.
+    'moco_v3': LinearEvalConfig(optimizer='sgd', lr=0.4, epochs=90,
+                                batch_size=1024, momentum=0.9,
+                                schedule='cosine', view=_CROP_FLIP),
+    # SupContrast's main_linear.py with its README command (--batch_size 512
+    # --learning_rate 5): SGD momentum 0.9, no weight decay, 100 epochs, lr x
+    # 0.2 after epochs 60, 75 and 90; RandomResizedCrop(32, scale 0.2-1) +
+    # flip.
+    'supcon': LinearEvalConfig(optimizer='sgd', lr=5.0, epochs=100,
+                               batch_size=512, momentum=0.9, schedule='step',
+                               milestones=(60, 75, 90), lr_decay=0.2,
+                               view=augment.ViewConfig(crop_scale=(0.2, 1.),
+                                                       flip_p=0.5)),
     # The CIFAR configs (configs/papers): solo-learn's linear evaluation of
     # its CIFAR models, SGD lr 0.1, batch 256, 100 epochs, cosine, no weight
     # decay, RandomResizedCrop(32, 0.08-1) + flip.
@@ -106,6 +120,12 @@ PRESETS: dict[str, LinearEvalConfig] = {
                        cosine_final=1e-3,
                        view=augment.ViewConfig(crop_scale=None, pad_crop=4,
                                                flip_p=0.5)),
+    # TCL's CIFAR-100 linear stage: the 'tcl' recipe at its contrastive
+    # batch, 128 images per step, with the same lr 0.5 (not rescaled).
+    'tcl_cifar100': LinearEvalConfig(
+        optimizer='sgd', lr=0.5, epochs=50, batch_size=128, momentum=0.9,
+        weight_decay=1e-4, schedule='cosine', cosine_final=1e-3,
+        view=augment.ViewConfig(crop_scale=None, pad_crop=4, flip_p=0.5)),
     # MACL: SGD lr 0.02, momentum 0.9, wd 0, 100 epochs; batch, schedule and
     # augmentation unstated (notes: 256, constant; CACR's crop 0.2-1 + flip).
     'macl': LinearEvalConfig(optimizer='sgd', lr=0.02, epochs=100, batch_size=256,

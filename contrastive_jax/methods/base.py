@@ -36,6 +36,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import losses
+from contrastive_jax import models
 from contrastive_jax import schedules
 from input_pipeline import augment
 
@@ -189,6 +190,10 @@ def forward(model, variables, views: Views, *, embedding: str = 'projection'):
   statistics are shared across its views (and, under jit, across devices:
   global BN). Groups of different sizes run one after the other, each
   updating the running statistics (SwAV and DINO's multi-crop forward).
+  With an encoder whose BatchNorm is split (config.model.bn_splits > 0)
+  every view goes through it on its own, as the papers' code forwards each
+  view (lightly's benchmark, MoCo's im_q / im_k): each view's B images are
+  cut into the groups, so a group never holds two views of an image.
 
   Returns:
     z: [B, V, D] `embedding` outputs in view order.
@@ -196,6 +201,9 @@ def forward(model, variables, views: Views, *, embedding: str = 'projection'):
     batch_stats: the updated BatchNorm statistics.
   """
   batch_stats = variables.get('batch_stats', {})
+  if models.bn_splits_of(model):
+    views = [group[:, i:i + 1] for group in views
+             for i in range(group.shape[1])]
   zs, features = [], None
   for group in views:
     b, v = group.shape[:2]

@@ -29,12 +29,17 @@ from contrastive_jax.losses.common import l2_normalize
 from contrastive_jax.methods import base
 
 
+# What enters the queue after a step (config.moco.enqueue_keys).
+ENQUEUE_KEYS = ('first', 'mean', 'all')
+
+
 @flax.struct.dataclass
 class State:
   key_params: Any                 # The EMA key encoder.
   key_batch_stats: Any            # Its own BatchNorm statistics.
   queue: jax.Array | None = None  # [Q, D] past keys; row r written at step
-  queue_ptr: jax.Array | None = None  # ... r // B (mod Q / B); int32 scalar.
+  queue_ptr: jax.Array | None = None  # ... r // W (mod Q / W), W the keys a
+  # step writes (B, or B x key views with enqueue_keys='all'); int32 scalar.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,12 +84,21 @@ class Method(base.Method):
         raise ValueError(f'config.moco.{name}={views} must be a non-empty '
                          f'list of view ids in [0, {v}) '
                          f'(config.augment.num_views={v}).')
+    if mc.enqueue_keys not in ENQUEUE_KEYS:
+      raise ValueError(f'config.moco.enqueue_keys={mc.enqueue_keys!r}; known: '
+                       'first (MoCo), mean (JCL\'s key means), all (every '
+                       'key view, lightly\'s symmetric MoCo).')
     q = mc.queue_size
-    if q < 0 or (q and q % b):
+    # Rows written per step: B keys, or B per key view with 'all'.
+    w = b * (len(tuple(mc.key_views)) if mc.enqueue_keys == 'all' else 1)
+    if q < 0 or (q and q % w):
       raise ValueError(
           f'config.moco.queue_size={q} must be 0 (no queue) or a multiple of '
-          f'the global batch size {b} (MoCo writes whole batches into the '
-          'queue; a batch must never wrap around its end).')
+          f'the {w} keys a step enqueues (the global batch size {b}'
+          + (f' x {w // b} key views, config.moco.enqueue_keys=\'all\''
+             if w != b else '')
+          + '): MoCo writes whole batches into the queue; a batch must never '
+          'wrap around its end.')
     if mc.predictor_hidden_dim < 0:
       raise ValueError(f'config.moco.predictor_hidden_dim='
                        f'{mc.predictor_hidden_dim} must be >= 0 (0: no '
@@ -92,15 +106,15 @@ class Method(base.Method):
     if not 0. <= mc.momentum <= 1.:
       raise ValueError(f'config.moco.momentum={mc.momentum} must be in [0, 1].')
     base.momentum(config, base.Context(1, 1, 1, 1, 1.))   # Known kind?
-    if mc.shuffle_bn and num_devices == 1:
+    if mc.shuffle_bn and num_devices == 1 and not config.model.get(
+        'bn_splits', 0):
       logging.warning(
           'config.moco.shuffle_bn=True on one device: the key batch is '
           'normalised as a whole, so shuffle-BN changes nothing here (MoCo '
           'shuffles over 8 GPUs). Run on several devices (on a CPU, '
-          'XLA_FLAGS=--xla_force_host_platform_device_count=8) for it to act.')
-    if mc.enqueue_keys not in ('first', 'mean'):
-      raise ValueError(f'config.moco.enqueue_keys={mc.enqueue_keys!r}; known: '
-                       'first (MoCo), mean (JCL\'s key means).')
+          'XLA_FLAGS=--xla_force_host_platform_device_count=8), or set '
+          'config.model.bn_splits (BatchNorm over groups of the batch, '
+          'lightly\'s one-GPU shuffle-BN), for it to act.')
     if config.loss == 'jcl' and not q and not config.loss_kwargs.get(
         'in_batch_negatives', False):
       raise ValueError('JCL needs negatives: set config.moco.queue_size > 0 '
@@ -148,7 +162,8 @@ class Method(base.Method):
     key_z, key_bs = key_forward(
         model, {'params': key_params, 'batch_stats': ms.key_batch_stats},
         base.select_views(batch['views'], self.key_views), rng,
-        shuffle_bn=self.shuffle_bn, mesh=mesh)
+        shuffle_bn=self.shuffle_bn, mesh=mesh,
+        bn_splits=models.bn_splits_of(model))
     # Keys are targets: the key encoder is an EMA, never trained, and the loss
     # must not push gradients into it (MoCo computes k under no_grad).
     key_z = jax.lax.stop_gradient(key_z)
@@ -182,6 +197,11 @@ class Method(base.Method):
     if self.enqueue_keys == 'mean':
       # JCL enqueues the mean of the normalised keys, not re-normalised.
       keys = losses.l2_normalize(key_z).mean(axis=1)
+    elif self.enqueue_keys == 'all':
+      # Every key view, view after view in key_views order (lightly's
+      # symmetric MoCo: each direction's criterion call enqueues its keys).
+      keys = losses.l2_normalize(key_z).swapaxes(0, 1).reshape(
+          -1, key_z.shape[-1])
     else:
       keys = losses.l2_normalize(key_z[:, 0])
     queue, ptr = enqueue(ms.queue, ms.queue_ptr, keys)
@@ -189,7 +209,8 @@ class Method(base.Method):
 
 
 def key_forward(model, variables, views: base.Views, rng, *,
-                shuffle_bn: bool, mesh) -> tuple[jax.Array, Any]:
+                shuffle_bn: bool, mesh, bn_splits: int = 0
+                ) -> tuple[jax.Array, Any]:
   """The key encoder's embeddings [B, Vk, D] and its new BN statistics.
 
   Global BN (default): one forward under jit, statistics over the whole key
@@ -200,10 +221,19 @@ def key_forward(model, variables, views: base.Views, rng, *,
   batch keeps a query and its key from sharing BN statistics, which MoCo found
   otherwise leaks the positive. Multi-crop key views (groups of different
   sizes) are shuffled group by group.
+
+  With an encoder whose BatchNorm is split (`bn_splits` > 0, its groups
+  standing for the devices) shuffle-BN is lightly's one-device version: each
+  key view's B images are permuted over the global batch, go through the
+  encoder as one batch whose BN groups are then random sets of images, and
+  the inverse permutation restores the order; on any number of devices, the
+  groups and not the devices set the statistics.
   """
   if not shuffle_bn:
     z, _, bs = base.forward(model, variables, views)
     return z, bs
+  if bn_splits:
+    return _split_shuffle_forward(model, variables, views, rng)
   batch_stats, zs = variables.get('batch_stats', {}), []
   for group in views:
     b, v = group.shape[:2]
@@ -222,6 +252,21 @@ def key_forward(model, variables, views: base.Views, rng, *,
             flat[perm])
     zs.append(z[jnp.argsort(perm)].reshape(b, v, -1))
   return (zs[0] if len(zs) == 1 else jnp.concatenate(zs, axis=1)), batch_stats
+
+
+def _split_shuffle_forward(model, variables, views: base.Views, rng
+                           ) -> tuple[jax.Array, Any]:
+  """Shuffle-BN over split-BN groups: permute, forward, unpermute, per view."""
+  batch_stats, zs = variables.get('batch_stats', {}), []
+  flat = [g[:, i] for g in views for i in range(g.shape[1])]
+  for i, x in enumerate(flat):
+    perm = jax.random.permutation(jax.random.fold_in(rng, i), x.shape[0])
+    out, new_vars = model.apply(
+        {'params': variables['params'], 'batch_stats': batch_stats}, x[perm],
+        train=True, mutable=['batch_stats'])
+    batch_stats = new_vars['batch_stats']
+    zs.append(out['projection'][jnp.argsort(perm)])
+  return jnp.stack(zs, axis=1), batch_stats
 
 
 def ema_update(target: Any, online: Any, momentum: jax.Array | float) -> Any:
