@@ -106,7 +106,8 @@ def decay_mask(params, *, decay_biases_and_bn: bool):
   and MoCo v3's (p.ndim > 1). With it, every leaf, as torch's
   SGD(model.parameters(), weight_decay=...).
   """
-  return jax.tree.map(lambda p: bool(decay_biases_and_bn) or p.ndim > 1, params)
+  every = bool(decay_biases_and_bn)
+  return jax.tree.map(lambda p: every or p.ndim > 1, params)
 
 
 def create_optimizer(config, schedule: optax.Schedule
@@ -125,8 +126,7 @@ def create_optimizer(config, schedule: optax.Schedule
   mask = functools.partial(decay_mask,
                            decay_biases_and_bn=opt.decay_biases_and_bn)
   if opt.name == 'adamw':
-    return optax.adamw(schedule, weight_decay=opt.weight_decay,
-                       mask=mask)
+    return optax.adamw(schedule, weight_decay=opt.weight_decay, mask=mask)
   if opt.name == 'sgd':
     return optax.chain(
         optax.add_decayed_weights(opt.weight_decay, mask=mask),
