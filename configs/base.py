@@ -109,6 +109,14 @@ def get_config() -> ml_collections.ConfigDict:
   # devices; with config.moco.shuffle_bn the key batch is shuffled over the
   # groups. batch_size must be a multiple. 0: statistics over the whole batch.
   config.model.bn_splits = 0
+  # A BatchNorm on the head's output, after its last (then bias-free) dense
+  # layer: SimCLR's projection head (scale, no offset), lightly's
+  # SimCLRProjectionHead (scale and offset), MoCo v3's projector (neither).
+  # `_scale` / `_center` are its learned scale and offset. Projector only:
+  # a predictor (config.moco.predictor_hidden_dim) never has one.
+  config.model.head_final_bn = False
+  config.model.head_final_bn_scale = True
+  config.model.head_final_bn_center = True
   # Compute dtype of the conv and dense layers: 'float32', or 'bfloat16' for
   # mixed precision (parameters, optimizer state, BN statistics, features and
   # the loss stay float32; models.py).
@@ -121,6 +129,12 @@ def get_config() -> ml_collections.ConfigDict:
   # contrastive_jax/schedules.py applied to its loss_kwargs value (or the
   # loss's default), e.g. {'lam': 'epoch_ramp'} (JCL).
   config.loss_schedules = ml_collections.ConfigDict()
+  # A constant factor on the loss the step differentiates (and logs as
+  # `loss`): reference code's own factors, e.g. MoCo v3's 4 tau (2 tau per
+  # direction, both summed), SupContrast's tau / 0.07. With SGD it scales
+  # the gradient's step (against the weight decay's); under LARS only the
+  # steps of unadapted leaves and the decay's share of the trust ratio.
+  config.loss_scale = 1.0
 
   # How a batch becomes the loss's inputs: a module of contrastive_jax/methods,
   # e.g. 'in_batch' (all views through the online encoder; SimCLR-style),
@@ -157,6 +171,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.base_learning_rate = 1e-3
   config.optimizer.weight_decay = 1e-4
   config.optimizer.momentum = 0.9           # sgd and lars only.
+  # False: weight decay (and LARS's trust-ratio adaptation) skip biases and
+  # BatchNorm scales/offsets, the 1-D leaves (SimCLR, MoCo v3). True: every
+  # parameter is decayed and adapted, as torch's SGD(model.parameters(),
+  # weight_decay=...) of MoCo v1/v2, InsDis and SupContrast.
+  config.optimizer.decay_biases_and_bn = False
   # LARS only: the trust coefficient (optax.lars's, solo-learn's eta) and
   # whether each layer's rate is capped at the global lr (solo-learn clip_lr).
   config.optimizer.trust_coefficient = 0.001

@@ -140,6 +140,11 @@ def validate(config, num_devices: int | None = None) -> None:
                        f'keyword argument {name!r}.')
     schedules.build(kind, 0., total_steps=1, steps_per_epoch=1, num_epochs=1,
                     name=f'config.loss_schedules.{name}')
+  scale = config.loss_scale
+  if (isinstance(scale, bool) or not isinstance(scale, (int, float))
+      or not scale > 0):
+    raise ValueError(f'config.loss_scale={scale!r} must be a number > 0 (the '
+                     'factor on the loss; 1.0: none).')
   # The schedule's own checks (its kind), on a dummy length.
   optim.learning_rate_schedule(config, total_steps=1)
   evaluators.validate(config, num_devices=n)

@@ -240,11 +240,21 @@ class ProjectionHead(nn.Module):
 
   `batch_norm=False` gives MoCo v2's head: [Dense (with bias), ReLU] hidden
   layers, no BatchNorm.
+
+  `final_bn` adds a BatchNorm on the output, after a bias-free last Dense
+  (the BN's mean removes any bias): SimCLR's code (learned scale, no offset:
+  `final_bn_center=False`), lightly's SimCLRProjectionHead (both), MoCo v3's
+  projector (BatchNorm1d(affine=False): neither). In training the output has
+  zero mean and unit variance per feature over the batch, before the scale
+  and offset.
   """
   hidden_dim: int = 512
   out_dim: int = 128
   num_layers: int = 2
   batch_norm: bool = True
+  final_bn: bool = False
+  final_bn_scale: bool = True
+  final_bn_center: bool = True
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -257,8 +267,15 @@ class ProjectionHead(nn.Module):
         x = nn.BatchNorm(use_running_average=not train, momentum=0.9,
                          dtype=self.dtype, name=f'bn{i}')(x)
       x = nn.relu(x)
-    return nn.Dense(self.out_dim, dtype=self.dtype,
-                    name=f'dense{self.num_layers - 1}')(x)
+    last = self.num_layers - 1
+    x = nn.Dense(self.out_dim, use_bias=not self.final_bn, dtype=self.dtype,
+                 name=f'dense{last}')(x)
+    if self.final_bn:
+      x = nn.BatchNorm(use_running_average=not train, momentum=0.9,
+                       use_scale=self.final_bn_scale,
+                       use_bias=self.final_bn_center, dtype=self.dtype,
+                       name=f'bn{last}')(x)
+    return x
 
 
 ENCODERS: dict[str, Callable[..., nn.Module]] = {
@@ -367,6 +384,9 @@ def create_model(config) -> ContrastiveModel:
                         out_dim=config.model.head_out_dim,
                         num_layers=config.model.head_layers,
                         batch_norm=config.model.head_batch_norm,
+                        final_bn=config.model.head_final_bn,
+                        final_bn_scale=config.model.head_final_bn_scale,
+                        final_bn_center=config.model.head_final_bn_center,
                         dtype=dtype)
   return ContrastiveModel(encoder=encoder, head=head, head_input=head_input)
 

@@ -3,10 +3,12 @@
 Linear scaling (peak lr = base_learning_rate x batch / 256), warmup, then
 cosine decay or step decay; AdamW, SGD with momentum, or LARS (optax's, or
 solo-learn's clipped variant). Weight decay and LARS adaptation skip biases
-and BatchNorm parameters (1-D leaves).
+and BatchNorm parameters (1-D leaves) unless `decay_biases_and_bn`.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -64,7 +66,8 @@ def scale_by_clipped_trust_ratio(trust_coefficient: float,
   so that after the momentum trace and the step's x lr, the layer's rate is
   min(eta ||w|| / (||g|| + wd ||w||), lr): the trust ratio caps the global lr
   and never raises it. Other leaves (biases, BN) and zero w or g pass g
-  unchanged, without weight decay, as solo-learn's `exclude_bias_n_norm`.
+  unchanged, without weight decay, as solo-learn's `exclude_bias_n_norm`
+  (with `decay_mask(params, decay_biases_and_bn=False)`).
   lr is `learning_rate` at this transformation's own step count, which
   advances with `optax.scale_by_learning_rate`'s.
   """
@@ -93,35 +96,51 @@ def scale_by_clipped_trust_ratio(trust_coefficient: float,
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+def decay_mask(params, *, decay_biases_and_bn: bool):
+  """params -> a same-shaped tree of bools: the leaves weight decay (and
+  LARS's trust ratio) apply to.
+
+  Without `decay_biases_and_bn`, the leaves of more than one dimension (conv
+  and dense kernels): biases and BatchNorm scales/offsets are left out, as
+  SimCLR's LARS (exclude_from_weight_decay=['batch_normalization', 'bias'])
+  and MoCo v3's (p.ndim > 1). With it, every leaf, as torch's
+  SGD(model.parameters(), weight_decay=...).
+  """
+  every = bool(decay_biases_and_bn)
+  return jax.tree.map(lambda p: every or p.ndim > 1, params)
+
+
 def create_optimizer(config, schedule: optax.Schedule
                      ) -> optax.GradientTransformation:
   """The configured optimizer on `schedule` (`learning_rate_schedule`).
 
   Weight decay skips biases and BatchNorm scales/offsets (1-D leaves), as is
-  standard for SimCLR/MoCo-style training. LARS takes its trust coefficient
+  standard for SimCLR/MoCo-style training, unless
+  `config.optimizer.decay_biases_and_bn`, which decays (and under LARS
+  adapts) every parameter (`decay_mask`). LARS takes its trust coefficient
   from `trust_coefficient` (SimCLR and MoCo v3: 0.001; solo-learn's `eta`)
   and with `clip_lr` caps each layer's rate at the global lr, as solo-learn
   (`scale_by_clipped_trust_ratio`).
   """
   opt = config.optimizer
-  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim > 1, params)
+  mask = functools.partial(decay_mask,
+                           decay_biases_and_bn=opt.decay_biases_and_bn)
   if opt.name == 'adamw':
-    return optax.adamw(schedule, weight_decay=opt.weight_decay,
-                       mask=decay_mask)
+    return optax.adamw(schedule, weight_decay=opt.weight_decay, mask=mask)
   if opt.name == 'sgd':
     return optax.chain(
-        optax.add_decayed_weights(opt.weight_decay, mask=decay_mask),
+        optax.add_decayed_weights(opt.weight_decay, mask=mask),
         optax.sgd(schedule, momentum=opt.momentum, nesterov=False))
   if opt.name == 'lars':
     trust = opt.trust_coefficient
     if not opt.clip_lr:
       return optax.lars(schedule, weight_decay=opt.weight_decay,
-                        weight_decay_mask=decay_mask,
-                        trust_ratio_mask=decay_mask, momentum=opt.momentum,
+                        weight_decay_mask=mask,
+                        trust_ratio_mask=mask, momentum=opt.momentum,
                         trust_coefficient=trust)
     return optax.chain(
         scale_by_clipped_trust_ratio(trust, opt.weight_decay, schedule,
-                                     mask=decay_mask),
+                                     mask=mask),
         optax.trace(decay=opt.momentum),
         optax.scale_by_learning_rate(schedule))
   raise ValueError(f'unknown optimizer {opt.name!r} (config.optimizer.name); '

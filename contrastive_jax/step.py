@@ -52,11 +52,13 @@ class Loss:
 
   `schedules` maps a loss keyword to a function step -> value (e.g. JCL's
   lambda ramp, `config.loss_schedules`); the step passes their values traced,
-  so a changing value does not recompile it.
+  so a changing value does not recompile it. `scale` multiplies the loss the
+  step differentiates (`config.loss_scale`; e.g. MoCo v3's 4 tau).
   """
   name: str
   kwargs: dict[str, Any]
   schedules: dict[str, Any]
+  scale: float = 1.0
 
   @classmethod
   def from_config(cls, config, method: methods.base.Method,
@@ -70,7 +72,8 @@ class Loss:
           kind, float(base_value), total_steps=ctx.total_steps,
           steps_per_epoch=ctx.steps_per_epoch, num_epochs=ctx.num_epochs,
           name=f'config.loss_schedules.{name}')
-    return cls(name=config.loss, kwargs=kwargs, schedules=scheduled)
+    return cls(name=config.loss, kwargs=kwargs, schedules=scheduled,
+               scale=float(config.loss_scale))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +173,8 @@ def train_step(state: TrainState, batch: dict[str, Any], rng: jax.Array, *,
     mesh: the mesh (for the methods' sharded state and shard_maps).
 
   Returns:
-    (new_state, metrics) with `loss`, `grad_norm`, the loss's metrics, the
+    (new_state, metrics) with `loss` (times `loss.scale`: the value
+    differentiated), `grad_norm`, the loss's metrics, the
     method's (e.g. `momentum`) and the scheduled hyperparameters' values.
   """
   rng = jax.random.fold_in(rng, state.step)
@@ -185,6 +189,8 @@ def train_step(state: TrainState, batch: dict[str, Any], rng: jax.Array, *,
         prepared.views, embedding=method.embedding)
     value, metrics = losses.apply(loss.name, prepared.inputs.replace(z=z),
                                   **loss.kwargs, **scheduled)
+    if loss.scale != 1.0:
+      value = value * loss.scale
     return value, (metrics, batch_stats, z, features)
 
   (value, (metrics, batch_stats, z, features)), grads = jax.value_and_grad(

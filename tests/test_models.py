@@ -1,4 +1,5 @@
-"""Encoders: shapes, parameter counts against hand counts, BN modes, bf16."""
+"""Encoders: shapes, parameter counts against hand counts, BN modes, bf16;
+the projection head's final BatchNorm against numpy."""
 
 import functools
 
@@ -10,6 +11,7 @@ import pytest
 
 from configs import base as base_config
 from contrastive_jax import models
+from contrastive_jax import step as step_lib
 
 # Tiny widths so every forward pass compiles in seconds on CPU.
 TINY = {
@@ -299,3 +301,73 @@ def test_unknown_head_input_is_an_error_naming_the_choices():
       'head_hidden_dim': 8, 'head_out_dim': 5, 'head_layers': 1})
   with pytest.raises(ValueError, match="head_input='flat'.*pooled, features"):
     models.create_model(config)
+
+
+def _np_bn(x, eps=1e-5):
+  """BatchNorm in training mode, numpy: per-feature batch mean and biased
+  variance."""
+  return (x - x.mean(0)) / np.sqrt(x.var(0) + eps)
+
+
+@pytest.mark.parametrize('scale,center', [(True, True), (True, False),
+                                          (False, False)])
+def test_head_final_bn_normalises_the_output_per_feature(scale, center):
+  # lightly's SimCLRProjectionHead (scale and offset), SimCLR's code (scale
+  # only), MoCo v3's projector (BatchNorm1d(affine=False)): the last Dense
+  # has no bias, the output is BN(h W1) per feature over the batch, then
+  # x gamma + beta where learned. Reference: the head written in numpy.
+  head = models.ProjectionHead(hidden_dim=8, out_dim=5, num_layers=2,
+                               final_bn=True, final_bn_scale=scale,
+                               final_bn_center=center)
+  x = np.asarray(jax.random.normal(jax.random.key(4), (16, 12))) * 2. + 1.
+  variables = head.init(jax.random.key(0), jnp.zeros((2, 12)), train=False)
+  params = jax.tree.map(np.asarray, variables['params'])
+  assert 'bias' not in params['dense1']
+  assert set(params.get('bn1', {})) == ({'scale'} if scale else set()) | (
+      {'bias'} if center else set())
+  assert set(variables['batch_stats']['bn1']) == {'mean', 'var'}
+  # Learned values away from their init (1, 0), so both must be applied.
+  gamma, beta = np.full(5, 1.), np.zeros(5)
+  if scale:
+    gamma = params['bn1']['scale'] = np.linspace(0.5, 2., 5, dtype=np.float32)
+  if center:
+    beta = params['bn1']['bias'] = np.linspace(-1., 1., 5, dtype=np.float32)
+  out, updated = head.apply(
+      {'params': params, 'batch_stats': variables['batch_stats']}, x,
+      train=True, mutable=['batch_stats'])
+  x64 = x.astype(np.float64)
+  hidden = np.maximum(
+      _np_bn(x64 @ params['dense0']['kernel']) * params['bn0']['scale']
+      + params['bn0']['bias'], 0.)
+  z = hidden @ params['dense1']['kernel']
+  want = _np_bn(z) * gamma + beta
+  np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+  # Before the scale and offset: zero mean and (almost, eps) unit variance.
+  normalised = (np.asarray(out) - beta) / gamma
+  np.testing.assert_allclose(normalised.mean(0), 0., atol=1e-5)
+  np.testing.assert_allclose(normalised.var(0), z.var(0) / (z.var(0) + 1e-5),
+                             rtol=1e-4)
+  np.testing.assert_allclose(updated['batch_stats']['bn1']['mean'],
+                             0.1 * z.mean(0), rtol=1e-4, atol=1e-6)
+
+
+def test_head_without_final_bn_is_the_default_and_the_predictor_never_has_it():
+  # configs/base.py: the head's last Dense keeps its bias, no BN after it.
+  config = base_config.get_config()
+  assert not config.model.head_final_bn
+  variables = jax.eval_shape(lambda: _init(models.create_model(config),
+                                           (2, 28, 28, 1)))
+  head = variables['params']['head']
+  assert set(head) == {'dense0', 'bn0', 'dense1'}
+  assert set(head['dense1']) == {'kernel', 'bias'}
+  assert set(variables['batch_stats']['head']) == {'bn0'}
+  # With head_final_bn, the projector gets it and MoCo v3's predictor not.
+  config.method, config.loss = 'moco', 'infonce'
+  config.moco.predictor_hidden_dim = 8
+  config.model.head_final_bn = True
+  variables = jax.eval_shape(lambda: _init(step_lib.create_model(config),
+                                           (2, 28, 28, 1)))
+  assert 'bn1' in variables['params']['base']['head']
+  assert 'bias' not in variables['params']['base']['head']['dense1']
+  assert set(variables['params']['predictor']) == {'dense0', 'bn0', 'dense1'}
+  assert set(variables['batch_stats']['predictor']) == {'bn0'}

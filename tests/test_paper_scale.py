@@ -1,5 +1,6 @@
 """What the paper-scale recipes add: mixed precision, MoCo v3's predictor, the
-step learning-rate schedule and MoCo v2's BN-free head.
+step learning-rate schedule, MoCo v2's BN-free head, LARS, and weight decay
+with or without biases and BatchNorm parameters.
 
 References are independent of the code under test: closed forms for the
 schedule, the float32 step for the bf16 one, and for MoCo v3 the symmetric
@@ -201,25 +202,32 @@ def _lars_config(**optimizer):
   return config
 
 
-def test_lars_trust_coefficient_is_the_configured_one():
-  # optax's LARS: rate lr * eta * ||w|| / ||g + wd w|| for every matrix.
+@pytest.mark.parametrize('decay_all', [False, True])
+def test_lars_trust_coefficient_is_the_configured_one(decay_all):
+  # optax's LARS: rate lr * eta * ||w|| / ||g + wd w|| for every matrix; a
+  # 1-D leaf (bias, BN) steps -lr g, or with decay_biases_and_bn (the same
+  # leaves decayed and adapted) follows the matrices' rule.
   params, grads = _lars_params_and_grads()
   wd, eta, lr = 1e-2, 0.02, 0.3
   opt = optim.create_optimizer(
-      _lars_config(weight_decay=wd, momentum=0., trust_coefficient=eta),
+      _lars_config(weight_decay=wd, momentum=0., trust_coefficient=eta,
+                   decay_biases_and_bn=decay_all),
       lambda step: lr)
   got, _ = opt.update(grads, opt.init(params), params)
   for k, w in params.items():
-    g = grads[k].astype(np.float64) + (wd * w if w.ndim > 1 else 0.)
+    adapted = w.ndim > 1 or decay_all
+    g = grads[k].astype(np.float64) + (wd * w if adapted else 0.)
     rate = lr * eta * np.linalg.norm(w) / np.linalg.norm(g) if (
-        w.ndim > 1) else lr
+        adapted) else lr
     np.testing.assert_allclose(got[k], -rate * g, rtol=1e-5)
 
 
-def test_clipped_lars_rate_is_solo_learns_per_layer_rule():
+@pytest.mark.parametrize('decay_all', [False, True])
+def test_clipped_lars_rate_is_solo_learns_per_layer_rule(decay_all):
   # solo-learn lars.py with clip_lr: a matrix's rate is
   # min(eta ||w|| / (||g|| + wd ||w||), lr), its step -rate (g + wd w); 1-D
-  # leaves step -lr g. Two steps with momentum 0.9 on a schedule lr(t).
+  # leaves step -lr g (exclude_bias_n_norm), or with decay_biases_and_bn
+  # follow the matrices' rule. Two steps with momentum 0.9 on a schedule.
   params, grads = _lars_params_and_grads()
   wd, eta, m = 1e-2, 0.02, 0.9
   ratio = lambda w, g: eta * np.linalg.norm(w) / (
@@ -230,7 +238,7 @@ def test_clipped_lars_rate_is_solo_learns_per_layer_rule():
   schedule = lambda step: lr0 * 1e-3 ** step     # ...then every layer.
   opt = optim.create_optimizer(
       _lars_config(weight_decay=wd, momentum=m, trust_coefficient=eta,
-                   clip_lr=True), schedule)
+                   clip_lr=True, decay_biases_and_bn=decay_all), schedule)
   state, w_got = opt.init(params), dict(params)
   w_want = {k: v.astype(np.float64) for k, v in params.items()}
   buf = {k: np.zeros_like(v) for k, v in w_want.items()}
@@ -241,9 +249,10 @@ def test_clipped_lars_rate_is_solo_learns_per_layer_rule():
     w_got = {k: w_got[k] + updates[k] for k in w_got}
     for k, w in w_want.items():
       g = grads[k].astype(np.float64)
-      if w.ndim > 1:
+      if w.ndim > 1 or decay_all:
         r = ratio(w, g)
-        bound.append(r > lr)   # The cap lr binds.
+        if w.ndim > 1:
+          bound.append(r > lr)   # The cap lr binds.
         d = min(r / lr, 1.) * (g + wd * w)
       else:
         d = g
@@ -252,6 +261,55 @@ def test_clipped_lars_rate_is_solo_learns_per_layer_rule():
     for k in w_want:
       np.testing.assert_allclose(w_got[k], w_want[k], rtol=1e-5, atol=1e-7)
   assert any(bound[:3]) and not all(bound[:3]) and all(bound[3:])
+
+
+@pytest.mark.parametrize('decay_all', [False, True])
+@pytest.mark.parametrize('name', ['sgd', 'adamw'])
+def test_weight_decay_reaches_biases_and_bn_only_when_configured(name,
+                                                                 decay_all):
+  # configs/base.py (decay_biases_and_bn=False): weight decay on matrices
+  # only. True: on every leaf, as torch's SGD(model.parameters(),
+  # weight_decay=wd). Two steps against numpy: torch's SGD buf = m buf +
+  # (g + wd w), w -= lr buf; AdamW w -= lr (m^ / (sqrt(v^) + eps) + wd w).
+  params, grads = _lars_params_and_grads()
+  params['bn_scale'] = np.linspace(0.5, 1.5, 4).astype(np.float32)
+  grads['bn_scale'] = np.linspace(-1., 1., 4).astype(np.float32)
+  wd, m, lr = 0.1, 0.9, 0.05
+  config = base.get_config()
+  assert config.optimizer.decay_biases_and_bn is False   # The default.
+  config.optimizer.update(name=name, weight_decay=wd, momentum=m,
+                          decay_biases_and_bn=decay_all)
+  opt = optim.create_optimizer(config, lambda step: lr)
+  state, got = opt.init(params), dict(params)
+  want = {k: v.astype(np.float64) for k, v in params.items()}
+  buf = {k: np.zeros_like(v) for k, v in want.items()}
+  mu = {k: np.zeros_like(v) for k, v in want.items()}
+  nu = {k: np.zeros_like(v) for k, v in want.items()}
+  for t in range(1, 3):
+    updates, state = opt.update(grads, state, got)
+    got = {k: got[k] + updates[k] for k in got}
+    for k, w in want.items():
+      g = grads[k].astype(np.float64)
+      decay = wd if (w.ndim > 1 or decay_all) else 0.
+      if name == 'sgd':
+        buf[k] = m * buf[k] + g + decay * w
+        want[k] = w - lr * buf[k]
+      else:
+        mu[k] = 0.9 * mu[k] + 0.1 * g
+        nu[k] = 0.999 * nu[k] + 0.001 * g * g
+        adam = (mu[k] / (1 - 0.9 ** t)) / (np.sqrt(nu[k] / (1 - 0.999 ** t))
+                                           + 1e-8)
+        want[k] = w - lr * (adam + decay * w)
+  # atol: float32 rounding of steps of size ~lr (weights ~1) near w = 0.
+  for k in want:
+    np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=4e-6)
+  if name == 'sgd':
+    # Undecayed, two SGD steps move a leaf by -lr (2 + m) g: the 1-D leaves
+    # do so exactly when they are not decayed (the decay's share, about
+    # lr wd |w| = 5e-3, is far above the tolerance).
+    for k in ('bias', 'bn_scale'):
+      undecayed = params[k] - lr * (2 + m) * grads[k]
+      assert np.allclose(got[k], undecayed, rtol=1e-5) != decay_all, k
 
 
 @pytest.mark.parametrize('schedule', ['cosine', 'step'])

@@ -16,7 +16,7 @@ build every config and check that
   value, every row a source.
 
 Values the code cannot yet express are read with `.get(field, default)` under
-the field name the feature would take (e.g. `model.head_final_bn`), so the
+the field name the feature would take (e.g. `model.bn_splits`), so the
 rows stay 'differs' ("needs ...") until the field exists.
 """
 
@@ -73,7 +73,7 @@ def hyperparameters(config) -> dict:
       'head.layers': model.head_layers,
       'head.out_dim': model.head_out_dim,
       'head.hidden_bn': model.head_batch_norm,
-      'head.final_bn': model.get('head_final_bn', False),
+      'head.final_bn': model.head_final_bn,
       'batch_size': config.batch_size,
       'num_epochs': float(config.num_epochs),
       'optimizer': opt.name,
@@ -82,7 +82,7 @@ def hyperparameters(config) -> dict:
           opt.base_learning_rate * config.batch_size / 256, 8),
       'optimizer.lr_scaling': 'linear, B / 256',
       'optimizer.weight_decay': opt.weight_decay,
-      'optimizer.decay_biases_and_bn': opt.get('decay_biases_and_bn', False),
+      'optimizer.decay_biases_and_bn': opt.decay_biases_and_bn,
       'optimizer.warmup_epochs': round(
           opt.warmup_fraction * config.num_epochs, 6),
       'optimizer.warmup_init_lr': opt.warmup_init_lr,
@@ -90,7 +90,7 @@ def hyperparameters(config) -> dict:
       'method': config.method,
       'use_labels': config.use_labels,
       'loss': config.loss,
-      'loss.scale': config.get('loss_scale', 1.0),
+      'loss.scale': config.loss_scale,
       'augment.num_views': config.augment.num_views,
       'dataset.image_size': config.dataset.image_size or 32,
       'evals.knn.ks': _plain(config.evals.knn.ks),
@@ -101,6 +101,9 @@ def hyperparameters(config) -> dict:
   }
   if model.head_layers > 1:
     h['head.hidden_dim'] = model.head_hidden_dim
+  if model.head_final_bn:
+    h['head.final_bn_scale'] = model.head_final_bn_scale
+    h['head.final_bn_center'] = model.head_final_bn_center
   if opt.name in ('sgd', 'lars'):
     h['optimizer.momentum'] = opt.momentum
   if opt.name == 'lars':

@@ -270,3 +270,41 @@ def test_bad_method_configs_fail_early(change, match):
     c.moco.key_views = change['key_views']
   with pytest.raises(ValueError, match=match):
     config_lib.validate(c)
+
+
+@pytest.mark.parametrize('kind', ['simclr', 'moco_v2'])
+def test_loss_scale_multiplies_the_loss_and_its_gradient(kind):
+  # config.loss_scale = s: the step differentiates s x loss. With SGD, no
+  # momentum and no weight decay, one step's logged loss, grad norm and
+  # parameter change are s times those of the same step at s = 1, while the
+  # loss's own metrics (similarities) are unchanged.
+  mesh = runtime.create_mesh(jax.devices()[:1])
+  s = 0.8
+  runs = {}
+  for scale in (1.0, s):
+    config = _config(kind)
+    config.optimizer.momentum = 0.
+    config.optimizer.weight_decay = 0.
+    config.optimizer.warmup_fraction = 0.   # The peak lr at step 0.
+    config.loss_scale = scale
+    config_lib.validate(config, num_devices=1)
+    init, state, metrics, _ = _run(config, mesh, steps=1)
+    delta = jax.tree.map(lambda a, b: np.asarray(a, np.float64) - b,
+                         jax.device_get(state.params), init.params)
+    runs[scale] = metrics[0], delta
+  (m1, d1), (ms, ds) = runs[1.0], runs[s]
+  np.testing.assert_allclose(ms['loss'], s * m1['loss'], rtol=1e-6)
+  np.testing.assert_allclose(ms['grad_norm'], s * m1['grad_norm'], rtol=1e-5)
+  np.testing.assert_allclose(ms['pos_sim'], m1['pos_sim'], rtol=1e-6)
+  assert float(np.max(np.abs(jax.tree.leaves(d1)[0]))) > 0
+  for a, b in zip(jax.tree.leaves(ds), jax.tree.leaves(d1)):
+    np.testing.assert_allclose(a, s * b, rtol=1e-4,
+                               atol=1e-6 * max(1., float(np.max(np.abs(b)))))
+
+
+@pytest.mark.parametrize('scale', [0., -1.])
+def test_loss_scale_must_be_a_positive_number(scale):
+  c = test_config.get_config()
+  c.loss_scale = scale
+  with pytest.raises(ValueError, match='loss_scale'):
+    config_lib.validate(c)

@@ -46,6 +46,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.loss_kwargs = ml_collections.ConfigDict(
         {'t_pos': 1.0, 't_neg': t_neg, 'negatives': 'cross_view'})
     common.adam_small(config, epochs=400.)
+    # HCL image/main.py Adam(model.parameters(), weight_decay=1e-6).
+    config.optimizer.decay_biases_and_bn = True
     # HCL image/utils.py train_transform: ColorJitter(0.4, 0.4, 0.4, 0.1)
     # p 0.8, grayscale 0.2, blur (3 px, sigma 0.1-2) p 0.5, crop 0.08-1.
     config.augment.overrides = ({'jitter_strength': 0.5, 'blur_p': 0.5},)

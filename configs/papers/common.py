@@ -88,13 +88,16 @@ def sgd_cifar(config, *, batch_size: int = 512, epochs: float = 200.):
   """lightly's CIFAR-10 benchmark recipe (the issue's yardstick; lightly
   docs, "Benchmarks"): batch 512, 200 epochs, SGD lr 0.06 x B / 128 (=
   0.12 x B / 256 here), momentum 0.9, weight decay 5e-4, cosine, no warmup;
-  a 512-512-128 head; kNN with k = 200, T = 0.1."""
+  a 512-512-128 head; kNN with k = 200, T = 0.1. Weight decay on every
+  parameter (SGD(self.parameters(), weight_decay=5e-4)), biases and
+  BatchNorm included."""
   config.batch_size = batch_size
   config.num_epochs = epochs
   config.optimizer.name = 'sgd'
   config.optimizer.base_learning_rate = 0.12
   config.optimizer.momentum = 0.9
   config.optimizer.weight_decay = 5e-4
+  config.optimizer.decay_biases_and_bn = True
   config.optimizer.warmup_fraction = 0.
   config.model.head_hidden_dim = 512
   config.model.head_out_dim = 128
@@ -107,14 +110,17 @@ def sgd_cifar(config, *, batch_size: int = 512, epochs: float = 200.):
 def sgd_moco_v2(config, *, epochs: float = 200.):
   """MoCo v2's ImageNet optimizer (Chen et al. 2020, "Improved baselines"):
   SGD lr 0.03 x B / 256 at batch 256, momentum 0.9, weight decay 1e-4,
-  cosine, no warmup; its 2048-2048-128 head without BatchNorm; its linear
-  classification protocol (SGD lr 30, 100 epochs)."""
+  cosine, no warmup, decay on every parameter (main_moco.py
+  SGD(model.parameters(), weight_decay=1e-4)); its 2048-2048-128 head
+  without BatchNorm; its linear classification protocol (SGD lr 30, 100
+  epochs)."""
   config.batch_size = 256
   config.num_epochs = epochs
   config.optimizer.name = 'sgd'
   config.optimizer.base_learning_rate = 0.03
   config.optimizer.momentum = 0.9
   config.optimizer.weight_decay = 1e-4
+  config.optimizer.decay_biases_and_bn = True
   config.optimizer.warmup_fraction = 0.
   config.model.head_hidden_dim = 2048
   config.model.head_out_dim = 128
@@ -136,6 +142,9 @@ def lars_simclr(config, *, batch_size: int = 4096, epochs: float = 100.,
   config.optimizer.name = 'lars'
   config.optimizer.base_learning_rate = base_learning_rate
   config.optimizer.weight_decay = weight_decay
+  # lars_optimizer.py exclude_from_weight_decay=['batch_normalization',
+  # 'bias'], which is also its exclude_from_layer_adaptation.
+  config.optimizer.decay_biases_and_bn = False
   config.optimizer.momentum = 0.9
   config.optimizer.warmup_fraction = warmup_epochs / epochs
   config.model.head_hidden_dim = 2048

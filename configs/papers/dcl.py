@@ -29,8 +29,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # of both views (layout 'simclr'), not the other view's N - 1.
   config.loss_kwargs = ml_collections.ConfigDict(
       {'temperature': 0.1, 'layout': 'simclr'})
+  # SimCLR's head: a BatchNorm on the output, after a bias-free last layer;
+  # at imagenet SimCLR's code (learned scale, no offset), at cifar lightly's
+  # SimCLRProjectionHead (BatchNorm1d(128): scale and offset).
+  config.model.head_final_bn = True
   if scale == 'imagenet':
     common.lars_simclr(config, epochs=100.)
+    config.model.head_final_bn_center = False
   else:
     common.sgd_cifar(config)
     # lightly cifar10_benchmark.py SimCLRTransform cj_strength=0.5 (DCL too).

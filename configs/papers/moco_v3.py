@@ -34,6 +34,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.augment.preset = 'byol'
   config.model.head_hidden_dim = 4096
   config.model.head_out_dim = 256
+  # moco-v3 builder.py _build_mlp(last_bn=True) on the projector only:
+  # BatchNorm1d(256, affine=False) after a bias-free last Linear.
+  config.model.head_final_bn = True
+  config.model.head_final_bn_scale = False
+  config.model.head_final_bn_center = False
   if scale == 'imagenet':
     common.lars_simclr(config, epochs=100., base_learning_rate=0.6,
                        weight_decay=1e-6)
@@ -45,6 +50,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                  'crop_scale': (0.2, 1.0)},)
     config.loss_kwargs = ml_collections.ConfigDict(
         {'temperature': 1.0, 'in_batch_negatives': True})
+    # builder.py contrastive_loss: CE x 2T per direction, both summed: 4T x
+    # the mean over both directions that infonce returns.
+    config.loss_scale = 4 * 1.0
     config.evals.linear_eval = common.linear_eval('moco_v3')
   else:
     # solo-learn scripts/pretrain/cifar/mocov3.yaml: weight_decay 1e-6.
@@ -64,5 +72,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         {'jitter': (0.4, 0.4, 0.2, 0.1), 'solarize_p': 0.2})
     config.loss_kwargs = ml_collections.ConfigDict(
         {'temperature': 0.2, 'in_batch_negatives': True})
+    # solo/losses/mocov3.py: CE x 2T per direction, both summed (4T).
+    config.loss_scale = 4 * 0.2
     config.evals.linear_eval = common.linear_eval('cifar')
   return config

@@ -26,11 +26,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = common.base(scale)
   config.method = 'in_batch'
   config.loss = 'ntxent'
+  # A BatchNorm on the head's output, after a bias-free last layer.
+  config.model.head_final_bn = True
   if scale == 'imagenet':
     common.lars_simclr(config, epochs=100.)
     config.loss_kwargs = ml_collections.ConfigDict({'temperature': 0.1})
+    # simclr model_util.py linear_layer(use_bias=False, use_bn=True): BN
+    # with center=use_bias=False, a learned scale only.
+    config.model.head_final_bn_center = False
+    # simclr objective.py add_contrastive_loss: loss_a + loss_b, each a mean
+    # over the N anchors of one view; ntxent is their mean.
+    config.loss_scale = 2.0
   else:
     common.sgd_cifar(config)
+    # lightly SimCLRProjectionHead: BatchNorm1d(128), scale and offset.
     config.loss_kwargs = ml_collections.ConfigDict({'temperature': 0.5})
     # lightly cifar10_benchmark.py SimCLRTransform cj_strength=0.5; simclr
     # README CIFAR command --color_jitter_strength=0.5.

@@ -33,6 +33,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # SupContrast networks/resnet_big.py SupConResNet head='mlp':
   # Linear-ReLU-Linear, no BatchNorm.
   config.model.head_batch_norm = False
+  # SupContrast losses.py: loss x (temperature / base_temperature), 0.1 /
+  # 0.07; supcon itself leaves that factor out.
+  config.loss_scale = 0.1 / 0.07
   if scale == 'imagenet':
     common.lars_simclr(config, epochs=350.)
   else:

@@ -139,7 +139,7 @@ def infonce(query: jax.Array, key: jax.Array, *,
       queue (Chen et al. 2021, Alg. 1).
   The loss is the mean over all (pair, instance) anchors. MoCo v3's code
   returns the sum of its two directions times 2 * tau, i.e. 4 * tau * this
-  value; that factor only rescales the learning rate.
+  value: `config.loss_scale` applies that factor in the train step.
 
   An empty queue ([0, D]) or None gives in-batch InfoNCE. The queue logits are
   computed as a separate [N*Vq, Q] product and merged through logaddexp, so

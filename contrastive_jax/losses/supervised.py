@@ -92,7 +92,8 @@ def supcon(z: jax.Array, labels: jax.Array, *, temperature: float = 0.1,
 
   The loss is the mean over anchors (the paper writes a sum; the reference
   code and TCL's code take the mean). SupContrast's extra tau / 0.07 factor is
-  not applied (TCL's code drops it too); it only rescales the gradient.
+  not applied here (TCL's code drops it too); `config.loss_scale` applies it
+  in the train step (configs/papers/supcon.py).
   L_in <= L_out by Jensen. With instance labels and V = 2, L_out is NT-Xent.
   Anchors without any positive (V = 1, singleton class) are excluded.
 
