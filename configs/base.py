@@ -87,7 +87,8 @@ def get_config() -> ml_collections.ConfigDict:
   # first); the flip commutes with the others, so what an order changes is
   # mainly grayscale against jitter: InsDis converts to grayscale first
   # ('crop, grayscale, jitter, flip'), SimCLR and MoCo jitter first.
-  config.augment.op_order = 'crop, flip, jitter, grayscale, blur, solarize'
+  config.augment.op_order = ('crop, flip, autoaugment, jitter, grayscale, blur, '
+                             'solarize')
 
   config.model = ml_collections.ConfigDict()
   config.model.encoder = 'small_cnn'

@@ -12,7 +12,8 @@ contrast act on the single channel.
 
 A view's recipe is a `ViewConfig`; `PRESETS` holds the papers' recipes, and
 `build_views` turns a preset name plus per-view overrides (from the config) into
-the V recipes. Views may differ in output size (multi-crop: global and smaller
+the V recipes (AutoAugment is one of a view's ops: `ViewConfig.autoaugment`).
+Views may differ in output size (multi-crop: global and smaller
 local crops); `augment_views` returns one array per view, `augment_batch` the
 stacked `[B, V, H, W, C]` when all views share a size.
 """
@@ -40,6 +41,13 @@ class ViewConfig:
     pad_crop: pixels of zero padding for a random translation crop back to the
       input size (TCL's `RandomCrop(28, padding=4)`); 0 disables it.
     flip_p: probability of a horizontal flip.
+    autoaugment: '' (off) or the name of an AutoAugment policy
+      (`AUTOAUGMENT_POLICIES`: 'cifar10', 'imagenet'), applied after the flip
+      (see `autoaugment`).
+    autoaugment_impl: whose conventions AutoAugment follows: 'torchvision'
+      (magnitude = the bin's value with a random sign, nearest-neighbour
+      warps) or 'pytorch_auto_augment' (the port the TCL code uses:
+      magnitudes uniform within the bin, bilinear warps).
     jitter_strength: colour-jitter strength s, SimCLR's shorthand for the
       amounts (brightness, contrast, saturation, hue) = (0.8 s, 0.8 s, 0.8 s,
       0.2 s); used when `jitter` is None.
@@ -68,6 +76,8 @@ class ViewConfig:
   crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
   pad_crop: int = 0
   flip_p: float = 0.5
+  autoaugment: str = ''
+  autoaugment_impl: str = 'torchvision'
   jitter_strength: float = 0.0
   jitter: tuple[float, float, float, float] | None = None
   jitter_p: float = 0.8
@@ -76,8 +86,8 @@ class ViewConfig:
   solarize_p: float = 0.0
   erase_p: float = 0.0
   size: int | float | tuple[int, int] | None = None
-  op_order: tuple[str, ...] = ('crop', 'flip', 'jitter', 'grayscale', 'blur',
-                               'solarize')
+  op_order: tuple[str, ...] = ('crop', 'flip', 'autoaugment', 'jitter',
+                               'grayscale', 'blur', 'solarize')
 
   def jitter_amounts(self) -> tuple[float, float, float, float]:
     """(brightness, contrast, saturation, hue): `jitter`, else from s."""
@@ -88,7 +98,8 @@ class ViewConfig:
 
 
 # The ops a view's `op_order` orders, and the field that turns each on.
-OPS = ('crop', 'flip', 'jitter', 'grayscale', 'blur', 'solarize')
+OPS = ('crop', 'flip', 'autoaugment', 'jitter', 'grayscale', 'blur',
+       'solarize')
 DEFAULT_OP_ORDER = ViewConfig.op_order
 
 
@@ -319,6 +330,455 @@ def random_erase(rng, image, *, p, scale=(0.02, 0.2)):
   return jnp.where(jax.random.bernoulli(k_apply, p), out, image)
 
 
+# AutoAugment (Cubuk et al. 2019, "AutoAugment: Learning Augmentation
+# Policies from Data"), with the op definitions and magnitude tables of
+# torchvision's `transforms.AutoAugment` by default, or those of the port in
+# 4uiiurz1/pytorch-auto-augment (`autoaugment_impl`), written for float
+# images in [0, 1].
+AUTOAUGMENT_OPS = ('ShearX', 'ShearY', 'TranslateX', 'TranslateY', 'Rotate',
+                   'Brightness', 'Color', 'Contrast', 'Sharpness', 'Posterize',
+                   'Solarize', 'AutoContrast', 'Equalize', 'Invert')
+_NUM_GEOMETRIC = 5        # The first five ops move pixels; the rest map values.
+# Ops whose magnitude takes a random sign (probability 1/2).
+_SIGNED_OPS = frozenset(AUTOAUGMENT_OPS[:9])
+AUTOAUGMENT_BINS = 10
+
+# The policies: 25 sub-policies of two (op, probability, magnitude bin)
+# triples; None for ops without a magnitude. These are torchvision's
+# `AutoAugmentPolicy.CIFAR10` / `.IMAGENET`; the CIFAR-10 one is also the
+# table of the port the TCL code copies (which gives bins to every op).
+AUTOAUGMENT_POLICIES = {
+    'cifar10': (
+        (('Invert', 0.1, None), ('Contrast', 0.2, 6)),
+        (('Rotate', 0.7, 2), ('TranslateX', 0.3, 9)),
+        (('Sharpness', 0.8, 1), ('Sharpness', 0.9, 3)),
+        (('ShearY', 0.5, 8), ('TranslateY', 0.7, 9)),
+        (('AutoContrast', 0.5, None), ('Equalize', 0.9, None)),
+        (('ShearY', 0.2, 7), ('Posterize', 0.3, 7)),
+        (('Color', 0.4, 3), ('Brightness', 0.6, 7)),
+        (('Sharpness', 0.3, 9), ('Brightness', 0.7, 9)),
+        (('Equalize', 0.6, None), ('Equalize', 0.5, None)),
+        (('Contrast', 0.6, 7), ('Sharpness', 0.6, 5)),
+        (('Color', 0.7, 7), ('TranslateX', 0.5, 8)),
+        (('Equalize', 0.3, None), ('AutoContrast', 0.4, None)),
+        (('TranslateY', 0.4, 3), ('Sharpness', 0.2, 6)),
+        (('Brightness', 0.9, 6), ('Color', 0.2, 8)),
+        (('Solarize', 0.5, 2), ('Invert', 0.0, None)),
+        (('Equalize', 0.2, None), ('AutoContrast', 0.6, None)),
+        (('Equalize', 0.2, None), ('Equalize', 0.6, None)),
+        (('Color', 0.9, 9), ('Equalize', 0.6, None)),
+        (('AutoContrast', 0.8, None), ('Solarize', 0.2, 8)),
+        (('Brightness', 0.1, 3), ('Color', 0.7, 0)),
+        (('Solarize', 0.4, 5), ('AutoContrast', 0.9, None)),
+        (('TranslateY', 0.9, 9), ('TranslateY', 0.7, 9)),
+        (('AutoContrast', 0.9, None), ('Solarize', 0.8, 3)),
+        (('Equalize', 0.8, None), ('Invert', 0.1, None)),
+        (('TranslateY', 0.7, 9), ('AutoContrast', 0.9, None)),
+    ),
+    'imagenet': (
+        (('Posterize', 0.4, 8), ('Rotate', 0.6, 9)),
+        (('Solarize', 0.6, 5), ('AutoContrast', 0.6, None)),
+        (('Equalize', 0.8, None), ('Equalize', 0.6, None)),
+        (('Posterize', 0.6, 7), ('Posterize', 0.6, 6)),
+        (('Equalize', 0.4, None), ('Solarize', 0.2, 4)),
+        (('Equalize', 0.4, None), ('Rotate', 0.8, 8)),
+        (('Solarize', 0.6, 3), ('Equalize', 0.6, None)),
+        (('Posterize', 0.8, 5), ('Equalize', 1.0, None)),
+        (('Rotate', 0.2, 3), ('Solarize', 0.6, 8)),
+        (('Equalize', 0.6, None), ('Posterize', 0.4, 6)),
+        (('Rotate', 0.8, 8), ('Color', 0.4, 0)),
+        (('Rotate', 0.4, 9), ('Equalize', 0.6, None)),
+        (('Equalize', 0.0, None), ('Equalize', 0.8, None)),
+        (('Invert', 0.6, None), ('Equalize', 1.0, None)),
+        (('Color', 0.6, 4), ('Contrast', 1.0, 8)),
+        (('Rotate', 0.8, 8), ('Color', 1.0, 2)),
+        (('Color', 0.8, 8), ('Solarize', 0.8, 7)),
+        (('Sharpness', 0.4, 7), ('Invert', 0.6, None)),
+        (('ShearX', 0.6, 5), ('Equalize', 1.0, None)),
+        (('Color', 0.4, 0), ('Equalize', 0.6, None)),
+        (('Equalize', 0.4, None), ('Solarize', 0.2, 4)),
+        (('Solarize', 0.6, 5), ('AutoContrast', 0.6, None)),
+        (('Invert', 0.6, None), ('Equalize', 1.0, None)),
+        (('Color', 0.6, 4), ('Contrast', 1.0, 8)),
+        (('Equalize', 0.8, None), ('Equalize', 0.6, None)),
+    ),
+}
+
+
+def autoaugment_magnitudes(height: int, width: int) -> np.ndarray:
+  """[len(AUTOAUGMENT_OPS), AUTOAUGMENT_BINS] magnitude of each op at each bin.
+
+  Unsigned values (the sign is drawn per call for `_SIGNED_OPS`), in the
+  units each op takes: shear as the affine coefficient (0 to 0.3),
+  translation in whole pixels (0 to 150/331 of the side, truncated to an
+  integer), rotation in degrees (0 to 30), enhancement offsets from factor
+  1 (0 to 0.9), posterize bits (8 down to 4), solarize threshold on the
+  0-255 scale (255 down to 0); 0 for ops without a magnitude.
+  """
+  lin = lambda hi: np.linspace(0., hi, AUTOAUGMENT_BINS)
+  bins = np.arange(AUTOAUGMENT_BINS)
+  rows = {
+      'ShearX': lin(0.3), 'ShearY': lin(0.3),
+      'TranslateX': np.trunc(lin(150. / 331. * width)),
+      'TranslateY': np.trunc(lin(150. / 331. * height)),
+      'Rotate': lin(30.),
+      'Brightness': lin(0.9), 'Color': lin(0.9), 'Contrast': lin(0.9),
+      'Sharpness': lin(0.9),
+      'Posterize': 8. - np.round(bins / ((AUTOAUGMENT_BINS - 1) / 4)),
+      'Solarize': np.linspace(255., 0., AUTOAUGMENT_BINS),
+  }
+  zeros = np.zeros(AUTOAUGMENT_BINS)
+  return np.stack([rows.get(op, zeros) for op in AUTOAUGMENT_OPS]
+                  ).astype(np.float32)
+
+
+def _affine_nearest(image, matrix):
+  """Nearest-neighbour affine warp with fill 0, PIL's `Image.transform`.
+
+  `matrix` [2, 3] maps an output pixel centre (x + 0.5, y + 0.5), x the
+  column, to the input coordinates it samples; the sample is the input pixel
+  containing that point, 0 outside the image.
+  """
+  h, w, _ = image.shape
+  ys, xs = jnp.meshgrid(jnp.arange(h, dtype=jnp.float32) + 0.5,
+                        jnp.arange(w, dtype=jnp.float32) + 0.5, indexing='ij')
+  sx = matrix[0, 0] * xs + matrix[0, 1] * ys + matrix[0, 2]
+  sy = matrix[1, 0] * xs + matrix[1, 1] * ys + matrix[1, 2]
+  ix = jnp.floor(sx).astype(jnp.int32)
+  iy = jnp.floor(sy).astype(jnp.int32)
+  inside = (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)
+  out = image[jnp.clip(iy, 0, h - 1), jnp.clip(ix, 0, w - 1)]
+  return jnp.where(inside[..., None], out, jnp.zeros((), image.dtype))
+
+
+def _geometric_matrix(op, magnitude, height, width):
+  """The inverse affine map [2, 3] of geometric op `op` (identity otherwise).
+
+  As torchvision with PIL images: shears about the top-left corner (input
+  x + m y for ShearX), translations by whole pixels, rotation by `magnitude`
+  degrees counter-clockwise about the image centre (PIL's `Image.rotate`).
+  """
+  m = magnitude
+  one, zero = jnp.ones_like(m), jnp.zeros_like(m)
+  theta = -jnp.deg2rad(m)
+  c, s = jnp.cos(theta), jnp.sin(theta)
+  cx, cy = width / 2., height / 2.
+  candidates = jnp.stack([
+      jnp.array([[one, m, zero], [zero, one, zero]]),              # ShearX
+      jnp.array([[one, zero, zero], [m, one, zero]]),              # ShearY
+      jnp.array([[one, zero, -m], [zero, one, zero]]),             # TranslateX
+      jnp.array([[one, zero, zero], [zero, one, -m]]),             # TranslateY
+      jnp.array([[c, s, cx - c * cx - s * cy],                     # Rotate
+                 [-s, c, cy + s * cx - c * cy]]),
+      jnp.array([[one, zero, zero], [zero, one, zero]]),           # identity
+  ])
+  return candidates[jnp.minimum(op, _NUM_GEOMETRIC)]
+
+
+# The conventions of the port in 4uiiurz1/pytorch-auto-augment (copied by
+# the TCL code): bin b of an op is the interval [grid[b], grid[b + 1]] of an
+# 11-point grid over a signed range, and the magnitude is drawn uniformly in
+# it (no separate sign). Grids in the units of `autoaugment_magnitudes`,
+# enhance factors as offsets from 1.
+AUTOAUGMENT_IMPLS = ('torchvision', 'pytorch_auto_augment')
+
+
+def autoaugment_grids(height: int, width: int) -> np.ndarray:
+  """[len(AUTOAUGMENT_OPS), AUTOAUGMENT_BINS + 1] bin edges of the
+  'pytorch_auto_augment' conventions (zeros for ops without a magnitude):
+  shear -0.3 to 0.3, translation -150/331 to 150/331 of the side (in
+  pixels, fractional), rotation -30 to 30 degrees, enhance factors 0.1 to
+  1.9 (stored as factor - 1), posterize 4 to 8 bits (rounded after the
+  draw), solarize threshold 0 to 256."""
+  grid = lambda lo, hi: np.linspace(lo, hi, AUTOAUGMENT_BINS + 1)
+  t = 150. / 331.
+  rows = {
+      'ShearX': grid(-0.3, 0.3), 'ShearY': grid(-0.3, 0.3),
+      'TranslateX': grid(-t, t) * width, 'TranslateY': grid(-t, t) * height,
+      'Rotate': grid(-30., 30.),
+      'Brightness': grid(-0.9, 0.9), 'Color': grid(-0.9, 0.9),
+      'Contrast': grid(-0.9, 0.9), 'Sharpness': grid(-0.9, 0.9),
+      'Posterize': grid(4., 8.), 'Solarize': grid(0., 256.),
+  }
+  zeros = np.zeros(AUTOAUGMENT_BINS + 1)
+  return np.stack([rows.get(op, zeros) for op in AUTOAUGMENT_OPS]
+                  ).astype(np.float32)
+
+
+def _affine_bilinear(image, matrix):
+  """Bilinear affine warp with fill 0, in pixel-index coordinates.
+
+  `matrix` [2, 3] maps output pixel (x, y) (column, row; pixel centres at
+  integers, as scipy.ndimage) to the input point it samples. As
+  scipy.ndimage's mode='constant': a point beyond the outer pixel centres
+  is 0, one inside interpolates the pixels around it.
+  """
+  h, w, _ = image.shape
+  ys, xs = jnp.meshgrid(jnp.arange(h, dtype=jnp.float32),
+                        jnp.arange(w, dtype=jnp.float32), indexing='ij')
+  sx = matrix[0, 0] * xs + matrix[0, 1] * ys + matrix[0, 2]
+  sy = matrix[1, 0] * xs + matrix[1, 1] * ys + matrix[1, 2]
+  inside = (sx >= 0) & (sx <= w - 1) & (sy >= 0) & (sy <= h - 1)
+  x0 = jnp.clip(jnp.floor(sx), 0, max(w - 2, 0))
+  y0 = jnp.clip(jnp.floor(sy), 0, max(h - 2, 0))
+  fx, fy = (sx - x0)[..., None], (sy - y0)[..., None]
+  x0, y0 = x0.astype(jnp.int32), y0.astype(jnp.int32)
+  x1, y1 = jnp.minimum(x0 + 1, w - 1), jnp.minimum(y0 + 1, h - 1)
+  tap = lambda iy, ix: image[iy, ix]
+  out = ((1 - fy) * ((1 - fx) * tap(y0, x0) + fx * tap(y0, x1))
+         + fy * ((1 - fx) * tap(y1, x0) + fx * tap(y1, x1)))
+  return jnp.where(inside[..., None], out, jnp.zeros((), image.dtype))
+
+
+def _geometric_matrix_port(op, magnitude, height, width):
+  """The inverse maps of the 'pytorch_auto_augment' geometric ops.
+
+  That port warps the [row, column] array with scipy.ndimage about the point
+  (H / 2 + 0.5, W / 2 + 0.5): its ShearX moves rows (input row = row +
+  m (column - centre)), its ShearY columns, translations move by m pixels,
+  Rotate turns by m degrees. Returned for `_affine_bilinear` (x = column).
+  """
+  m = magnitude
+  one, zero = jnp.ones_like(m), jnp.zeros_like(m)
+  cx, cy = width / 2. + 0.5, height / 2. + 0.5
+  theta = jnp.deg2rad(m)
+  c, s = jnp.cos(theta), jnp.sin(theta)
+  candidates = jnp.stack([
+      jnp.array([[one, zero, zero], [m, one, -m * cx]]),           # ShearX
+      jnp.array([[one, m, -m * cy], [zero, one, zero]]),           # ShearY
+      jnp.array([[one, zero, m], [zero, one, zero]]),              # TranslateX
+      jnp.array([[one, zero, zero], [zero, one, m]]),              # TranslateY
+      jnp.array([[c, s, cx - c * cx - s * cy],                     # Rotate
+                 [-s, c, cy + s * cx - c * cy]]),
+      jnp.array([[one, zero, zero], [zero, one, zero]]),           # identity
+  ])
+  return candidates[jnp.minimum(op, _NUM_GEOMETRIC)]
+
+
+def _luma(image):
+  if image.shape[-1] == 1:
+    return image[..., 0]
+  return image @ jnp.array([0.299, 0.587, 0.114], image.dtype)
+
+
+def _blend(image, degenerate, factor):
+  """factor * image + (1 - factor) * degenerate, clipped to [0, 1] (PIL's
+  `ImageEnhance`: factor 1 is the image, 0 the degenerate one)."""
+  return jnp.clip(degenerate + factor * (image - degenerate), 0., 1.)
+
+
+def _to_levels(image):
+  """The 256-level integer image (0-255, int32) of a float image in [0, 1]."""
+  return jnp.round(jnp.clip(image, 0., 1.) * 255.).astype(jnp.int32)
+
+
+def _aa_brightness(image, m):
+  return _blend(image, jnp.zeros_like(image), 1. + m)
+
+
+def _aa_color(image, m):
+  if image.shape[-1] == 1:
+    return image
+  return _blend(image, _luma(image)[..., None], 1. + m)
+
+
+def _aa_contrast(image, m):
+  return _blend(image, jnp.mean(_luma(image)), 1. + m)
+
+
+def _aa_sharpness(image, m):
+  """Blend with the image smoothed by [[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13
+  (PIL's SMOOTH filter); the one-pixel border keeps its values."""
+  h, w, _ = image.shape
+  smooth = sum(image[1 + dy:h - 1 + dy, 1 + dx:w - 1 + dx]
+               for dy in (-1, 0, 1) for dx in (-1, 0, 1))
+  smooth = (smooth + 4. * image[1:-1, 1:-1]) / 13.
+  degenerate = image.at[1:-1, 1:-1].set(smooth)
+  return _blend(image, degenerate, 1. + m)
+
+
+def _aa_posterize(image, bits):
+  """Keeps the top `bits` bits of each 8-bit level (PIL's posterize)."""
+  step = jnp.exp2(8. - bits)
+  return jnp.floor(_to_levels(image) / step) * step / 255.
+
+
+def _aa_solarize(image, threshold):
+  """Inverts the levels >= threshold (on the 0-255 scale)."""
+  levels = _to_levels(image)
+  return jnp.where(levels >= threshold, 255 - levels, levels) / 255.
+
+
+def _aa_autocontrast(image, _):
+  """Stretches each channel's [min, max] to [0, 1]; constant channels stay."""
+  lo = jnp.min(image, axis=(0, 1))
+  hi = jnp.max(image, axis=(0, 1))
+  span = jnp.where(hi > lo, hi - lo, 1.)
+  lo = jnp.where(hi > lo, lo, 0.)
+  return jnp.clip((image - lo) / span, 0., 1.)
+
+
+def _equalize_channel(levels):
+  """PIL's `ImageOps.equalize` of one [H, W] channel of 0-255 int levels."""
+  hist = jnp.bincount(levels.ravel(), length=256)
+  # The pixels below the top occupied level, spread over 255 steps.
+  step = (levels.size - hist[jnp.max(levels)]) // 255
+  safe = jnp.maximum(step, 1)
+  lut = (jnp.cumsum(hist) - hist + step // 2) // safe
+  lut = jnp.clip(lut, 0, 255)
+  return jnp.where(step > 0, lut[levels], levels)
+
+
+def _aa_equalize(image, _):
+  levels = _to_levels(image)
+  out = jax.vmap(_equalize_channel, in_axes=-1, out_axes=-1)(levels)
+  return out.astype(image.dtype) / 255.
+
+
+def _aa_invert(image, _):
+  return 1. - image
+
+
+# Index = op - _NUM_GEOMETRIC + 1; index 0 passes the (warped) image through.
+_AA_VALUE_OPS = (lambda image, _: image, _aa_brightness, _aa_color,
+                 _aa_contrast, _aa_sharpness, _aa_posterize, _aa_solarize,
+                 _aa_autocontrast, _aa_equalize, _aa_invert)
+
+
+def autoaugment_op(image, op, magnitude, impl='torchvision'):
+  """Applies AutoAugment op number `op` (of `AUTOAUGMENT_OPS`) at a signed
+  `magnitude` in the units of `autoaugment_magnitudes`.
+
+  `op` and `magnitude` may be traced: a geometric op is a warp by its matrix
+  (the identity for other ops), then a `lax.switch` picks the value op
+  (pass-through for geometric ops). Under vmap a switch on a batched index
+  computes every branch: each call costs one warp plus all nine value ops
+  (equalize's 256-bin histogram per channel among them).
+
+  Args:
+    image: [H, W, C] float in [0, 1].
+    op: index into `AUTOAUGMENT_OPS`.
+    magnitude: the op's signed magnitude.
+    impl: 'torchvision' (nearest-neighbour warps as PIL's, shears about the
+      top-left corner) or 'pytorch_auto_augment' (bilinear warps about the
+      centre with that port's axes; see `_geometric_matrix_port`). The value
+      ops are the same.
+  """
+  h, w, _ = image.shape
+  op = jnp.asarray(op, jnp.int32)
+  if impl == 'torchvision':
+    warped = _affine_nearest(image, _geometric_matrix(op, magnitude, h, w))
+  elif impl == 'pytorch_auto_augment':
+    warped = _affine_bilinear(image,
+                              _geometric_matrix_port(op, magnitude, h, w))
+  else:
+    raise ValueError(f'unknown AutoAugment implementation {impl!r}; known: '
+                     f'{", ".join(AUTOAUGMENT_IMPLS)}.')
+  index = jnp.maximum(op - _NUM_GEOMETRIC + 1, 0)
+  return jax.lax.switch(index, _AA_VALUE_OPS, warped, magnitude)
+
+
+def _policy_arrays(policy: str):
+  if policy not in AUTOAUGMENT_POLICIES:
+    raise ValueError(f'unknown AutoAugment policy {policy!r}; known: '
+                     f'{", ".join(sorted(AUTOAUGMENT_POLICIES))}.')
+  table = AUTOAUGMENT_POLICIES[policy]
+  ops = np.array([[AUTOAUGMENT_OPS.index(o) for o, _, _ in sub]
+                  for sub in table], np.int32)
+  probs = np.array([[p for _, p, _ in sub] for sub in table], np.float32)
+  bins = np.array([[b or 0 for _, _, b in sub] for sub in table], np.int32)
+  return ops, probs, bins
+
+
+def autoaugment_draw(rng, policy='cifar10', impl='torchvision'):
+  """The random choices of one AutoAugment call.
+
+  Returns:
+    (sub, ops, magnitudes, apply): the sub-policy index (uniform over the
+    policy's sub-policies), its two op numbers (of `AUTOAUGMENT_OPS`), a
+    function of the image (height, width) giving their two signed
+    magnitudes, and whether each op applies (with the op's probability).
+    The magnitude of an op at bin b: for 'torchvision',
+    `autoaugment_magnitudes`[op, b], negated with probability 1/2 for the
+    signed ops; for 'pytorch_auto_augment', uniform between
+    `autoaugment_grids`[op, b] and [op, b + 1] (posterize bits rounded).
+  """
+  if impl not in AUTOAUGMENT_IMPLS:
+    raise ValueError(f'unknown AutoAugment implementation {impl!r}; known: '
+                     f'{", ".join(AUTOAUGMENT_IMPLS)}.')
+  ops, probs, bins = (jnp.asarray(a) for a in _policy_arrays(policy))
+  signed = jnp.asarray([op in _SIGNED_OPS for op in AUTOAUGMENT_OPS])
+  k_sub, k_apply, k_sign = jax.random.split(rng, 3)
+  sub = jax.random.randint(k_sub, (), 0, ops.shape[0])
+  apply = jax.random.uniform(k_apply, (2,)) < probs[sub]
+  op, b = ops[sub], bins[sub]
+  if impl == 'torchvision':
+    negate = jax.random.bernoulli(k_sign, 0.5, (2,)) & signed[op]
+
+    def magnitudes(height, width):
+      m = jnp.asarray(autoaugment_magnitudes(height, width))[op, b]
+      return jnp.where(negate, -m, m)
+  else:
+    u = jax.random.uniform(k_sign, (2,))
+
+    def magnitudes(height, width):
+      grid = jnp.asarray(autoaugment_grids(height, width))
+      m = grid[op, b] + u * (grid[op, b + 1] - grid[op, b])
+      posterize = op == AUTOAUGMENT_OPS.index('Posterize')
+      return jnp.where(posterize, jnp.round(m), m)
+
+  return sub, op, magnitudes, apply
+
+
+def autoaugment(rng, image, *, policy='cifar10', impl='torchvision'):
+  """One AutoAugment draw on one image [H, W, C] float in [0, 1].
+
+  As torchvision's `AutoAugment(policy)` with its defaults (nearest
+  interpolation, fill 0): a sub-policy is drawn uniformly from the policy's
+  25; each of its two ops applies with its probability, at its magnitude bin
+  (`autoaugment_magnitudes`), the magnitude of a signed op negated with
+  probability 1/2 (`autoaugment_draw`).
+
+  The image stays float: posterize, solarize and equalize are defined on
+  8-bit levels, so they round their input to the 256 levels first (exact on
+  images from uint8, as this pipeline's are, and after the geometric ops,
+  which move whole pixels); the other ops act on the float values
+  (torchvision's uint8 path truncates after each op: within two levels of
+  these, `tests/test_autoaugment.py`).
+
+  Cost: under vmap each of the two ops computes one warp and all nine value
+  ops (`autoaugment_op`), about ten times the work of one op.
+
+  Args:
+    rng: PRNG key.
+    image: [H, W, C] float in [0, 1], C = 1 or 3 (Color is the identity on one
+      channel).
+    policy: a key of `AUTOAUGMENT_POLICIES`.
+    impl: 'torchvision' (the default, above) or 'pytorch_auto_augment', the
+      conventions of the port in 4uiiurz1/pytorch-auto-augment that the TCL
+      code uses: magnitudes drawn uniformly within their bin of a signed
+      range (`autoaugment_grids`) and bilinear warps about the centre
+      (`_geometric_matrix_port`; the port interpolates with scipy's cubic
+      spline). Policies, probabilities and value ops are the same.
+
+  Returns:
+    [H, W, C] float in [0, 1].
+  """
+  h, w, _ = image.shape
+  _, ops, magnitudes, apply = autoaugment_draw(rng, policy, impl)
+  m = magnitudes(h, w)
+  for slot in range(2):
+    image = jnp.where(apply[slot],
+                      autoaugment_op(image, ops[slot], m[slot], impl), image)
+  return image
+
+
+# The key of a view's AutoAugment draw: folded from the view's key with a
+# constant far from the small counters that `split` and the other ops use,
+# so adding the op left every other draw of augment_image unchanged.
+_AUTOAUGMENT_STREAM = 0x41754175
+
+
 def augment_image(rng, image, cfg: ViewConfig, *, cropped: bool = False):
   """Applies one view's recipe to one image [H, W, C] in [0, 1].
 
@@ -341,6 +801,9 @@ def augment_image(rng, image, cfg: ViewConfig, *, cropped: bool = False):
         image = jax.image.resize(image, out_hw + image.shape[2:], 'linear')
     elif op == 'flip' and cfg.flip_p:
       image = flip_left_right(keys[2], image, p=cfg.flip_p)
+    elif op == 'autoaugment' and cfg.autoaugment:
+      image = autoaugment(jax.random.fold_in(rng, _AUTOAUGMENT_STREAM), image,
+                          policy=cfg.autoaugment, impl=cfg.autoaugment_impl)
     elif op == 'jitter' and any(cfg.jitter_amounts()):
       image = color_jitter(keys[3], image, amounts=cfg.jitter_amounts(),
                            p=cfg.jitter_p)
@@ -481,6 +944,14 @@ PRESETS: dict[str, tuple[ViewConfig, ...]] = {
                                grayscale_p=0.2),) * 2,
     # TCL on Fashion-MNIST: RandomCrop(28, padding=4) + horizontal flip.
     'tcl_fmnist': (ViewConfig(crop_scale=None, pad_crop=4, flip_p=0.5),) * 2,
+    # TCL on CIFAR and ImageNet (the official code's train transform):
+    # RandomCrop(padding=4), horizontal flip, then AutoAugment with the
+    # CIFAR-10 policy at every scale, in the conventions of the port that
+    # code copies; no colour jitter, grayscale or blur.
+    'tcl': (ViewConfig(crop_scale=None, pad_crop=4, flip_p=0.5,
+                       autoaugment='cifar10',
+                       autoaugment_impl='pytorch_auto_augment',
+                       jitter_p=0.),) * 2,
     # This project's Fashion-MNIST recipe (see configs/default.py for how it
     # was chosen): moderate crops, flips, brightness/contrast, erasing.
     'fmnist': (ViewConfig(crop_scale=(0.3, 1.), flip_p=0.5,
@@ -597,10 +1068,19 @@ def _validate(cfg: ViewConfig, v: int) -> None:
     raise ValueError(f'view {v}: jitter={cfg.jitter} must be four amounts '
                      '(brightness, contrast, saturation, hue) >= 0, hue '
                      '<= 0.5.')
+  if cfg.autoaugment and cfg.autoaugment not in AUTOAUGMENT_POLICIES:
+    raise ValueError(f'view {v}: autoaugment={cfg.autoaugment!r} is not a '
+                     'policy; known: '
+                     f'{", ".join(sorted(AUTOAUGMENT_POLICIES))} (or \'\' for '
+                     'none).')
+  if cfg.autoaugment_impl not in AUTOAUGMENT_IMPLS:
+    raise ValueError(f'view {v}: autoaugment_impl={cfg.autoaugment_impl!r}; '
+                     f'known: {", ".join(AUTOAUGMENT_IMPLS)}.')
   if cfg.size is not None:
     resolve_size(cfg.size, (1, 1))   # Type and range checks only.
   order = parse_op_order(cfg.op_order)
-  used = {'flip': cfg.flip_p, 'jitter': any(cfg.jitter_amounts()),
+  used = {'flip': cfg.flip_p, 'autoaugment': cfg.autoaugment,
+          'jitter': any(cfg.jitter_amounts()),
           'grayscale': cfg.grayscale_p, 'blur': cfg.blur_p,
           'solarize': cfg.solarize_p}
   missing = [op for op, on in used.items() if on and op not in order]

@@ -39,12 +39,13 @@ METHODS = sorted(m.name for m in pkgutil.iter_modules(configs.papers.__path__)
 STATUSES = ('matches', 'differs', 'unverified', 'n/a')
 # ViewConfig fields pinned per view (`jitter_strength` is folded into the four
 # `jitter` amounts it stands for). OPTIONAL_VIEW_FIELDS get a row only when a
-# view sets them away from ViewConfig's default (no recipe here does), so
-# setting one still fails until the table has its row.
+# view sets them away from ViewConfig's default (TCL's pad_crop and
+# AutoAugment), so setting one still fails until the table has its row.
 VIEW_FIELDS = ('crop_scale', 'flip_p', 'jitter', 'jitter_p', 'grayscale_p',
                'blur_p', 'solarize_p')
-OPTIONAL_VIEW_FIELDS = ('crop_ratio', 'pad_crop', 'erase_p', 'size')
-
+OPTIONAL_VIEW_FIELDS = ('crop_ratio', 'pad_crop', 'autoaugment',
+                        'autoaugment_impl', 'erase_p', 'size')
+# The order in which augment.augment_image applies the ops.
 
 def _plain(x):
   """A YAML-comparable value: tuples (nested too) as lists."""
@@ -61,6 +62,24 @@ def _views_value(views, field):
   if all(v == values[0] for v in values):
     return values[0]
   return {'per_view': values}
+
+
+def _op_order(order, views) -> str:
+  """The order of the views' ops (`config.augment.op_order`): without
+  'autoaugment' where no view uses it; with AutoAugment, only the ops the
+  views use ('crop' stands for the translation crop too)."""
+  names = [n.strip() for n in (order.split(',') if isinstance(order, str)
+                               else order)]
+  if not any(v.autoaugment for v in views):
+    return ', '.join(n for n in names if n != 'autoaugment')
+  used = {'crop': any(v.crop_scale is not None or v.pad_crop for v in views),
+          'flip': any(v.flip_p for v in views),
+          'autoaugment': True,
+          'jitter': any(any(v.jitter_amounts()) and v.jitter_p for v in views),
+          'grayscale': any(v.grayscale_p for v in views),
+          'blur': any(v.blur_p for v in views),
+          'solarize': any(v.solarize_p for v in views)}
+  return ', '.join(n for n in names if used[n])
 
 
 def hyperparameters(config) -> dict:
@@ -147,7 +166,7 @@ def hyperparameters(config) -> dict:
   for field in OPTIONAL_VIEW_FIELDS:
     if any(getattr(v, field) != getattr(default, field) for v in views):
       h[f'views.{field}'] = _views_value(views, field)
-  h['views.op_order'] = config.augment.op_order
+  h['views.op_order'] = _op_order(config.augment.op_order, views)
   if config.dataset.name == 'imagenet2012':
     h['dataset.train_crop_source'] = config.dataset.train_crop_source
     h['dataset.eval_crop_fraction'] = config.dataset.eval_crop_fraction

@@ -1,0 +1,432 @@
+"""AutoAugment (input_pipeline/augment.py) against PIL, scipy and the tables.
+
+The references are independent of the code under test: PIL's ImageOps,
+ImageEnhance and Image.transform/rotate on uint8 images (what torchvision's
+AutoAugment calls on PIL images), scipy.ndimage.affine_transform set up as
+the port in 4uiiurz1/pytorch-auto-augment sets it up (the TCL code's
+AutoAugment), and the policy tables transcribed here: CIFAR-10 from the TCL
+code's port (which gives a bin even to the ops that take none) and ImageNet
+from torchvision's `AutoAugmentPolicy.IMAGENET`.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from PIL import Image
+from PIL import ImageEnhance
+from PIL import ImageOps
+from scipy import ndimage
+
+from input_pipeline import augment
+
+# Per-function XLA options: the augmentation graphs compile faster, results
+# are the same (as tests/test_pipeline.py).
+_FAST_COMPILE = {'xla_backend_optimization_level': 0,
+                 'xla_llvm_disable_expensive_passes': True}
+
+# One compilation serves every op and magnitude (both are traced).
+_op = jax.jit(augment.autoaugment_op, static_argnums=3,
+              compiler_options=_FAST_COMPILE)
+
+
+def _image(seed=0, shape=(32, 40, 3), lo=0, hi=255):
+  rng = np.random.default_rng(seed)
+  return rng.integers(lo, hi + 1, shape, dtype=np.uint8)
+
+
+def _ours(image_u8, name, magnitude, impl='torchvision'):
+  """Our op on the uint8 image, on the 0-255 scale (float64)."""
+  x = jnp.asarray(image_u8, jnp.float32) / 255.
+  out = _op(x, augment.AUTOAUGMENT_OPS.index(name), jnp.float32(magnitude),
+            impl)
+  return np.asarray(out, np.float64) * 255.
+
+
+def _pil(image_u8):
+  return Image.fromarray(image_u8[..., 0] if image_u8.shape[-1] == 1
+                         else image_u8)
+
+
+def _levels(pil_image, channels):
+  out = np.asarray(pil_image, np.float64)
+  return out[..., None] if channels == 1 else out
+
+
+# Tolerances, in 8-bit levels. PIL's ImageEnhance blends in float and
+# truncates to uint8, and builds its degenerate image (grayscale, mean or
+# smoothed image) in uint8 first; ours keeps floats. Truncation costs < 1
+# level, the rounded degenerate image < 0.5 level times |1 - factor| <= 0.9:
+# together < 2 (measured: 1.35). Autocontrast and brightness only truncate
+# (< 1). Posterize, solarize, equalize and invert are exact on 8-bit input.
+_ENHANCE = {'Brightness': ImageEnhance.Brightness, 'Color': ImageEnhance.Color,
+            'Contrast': ImageEnhance.Contrast,
+            'Sharpness': ImageEnhance.Sharpness}
+_ENHANCE_TOLERANCE = {'Brightness': 1., 'Color': 2., 'Contrast': 2.,
+                      'Sharpness': 2.}
+_EXACT = 1e-3
+
+
+@pytest.mark.parametrize('name', sorted(_ENHANCE))
+@pytest.mark.parametrize('magnitude', [0.9, 0.5, -0.3, -0.9, 0.])
+def test_enhance_ops_match_pil(name, magnitude):
+  for image in (_image(0), _image(1, (24, 24, 1)), _image(2, lo=40, hi=180)):
+    ref = _levels(_ENHANCE[name](_pil(image)).enhance(1. + magnitude),
+                  image.shape[-1])
+    diff = np.abs(_ours(image, name, magnitude) - ref)
+    assert diff.max() <= _ENHANCE_TOLERANCE[name], (name, magnitude,
+                                                    diff.max())
+
+
+@pytest.mark.parametrize('bits', [8, 7, 6, 5, 4])
+def test_posterize_matches_pil(bits):
+  image = _image(3)
+  ref = np.asarray(ImageOps.posterize(_pil(image), bits), np.float64)
+  np.testing.assert_allclose(_ours(image, 'Posterize', bits), ref,
+                             atol=_EXACT)
+
+
+@pytest.mark.parametrize('threshold', augment.autoaugment_magnitudes(8, 8)[
+    augment.AUTOAUGMENT_OPS.index('Solarize')].tolist())
+def test_solarize_matches_pil_at_every_bin(threshold):
+  image = _image(4)
+  ref = np.asarray(ImageOps.solarize(_pil(image), threshold), np.float64)
+  np.testing.assert_allclose(_ours(image, 'Solarize', threshold), ref,
+                             atol=_EXACT)
+
+
+@pytest.mark.parametrize('lo,hi', [(0, 255), (30, 200), (90, 91), (77, 77)])
+def test_autocontrast_equalize_invert_match_pil(lo, hi):
+  for image in (_image(5, lo=lo, hi=hi), _image(6, (20, 20, 1), lo=lo, hi=hi)):
+    c = image.shape[-1]
+    pil = _pil(image)
+    assert np.abs(_ours(image, 'AutoContrast', 0.) - _levels(
+        ImageOps.autocontrast(pil), c)).max() <= 1.
+    np.testing.assert_allclose(_ours(image, 'Equalize', 0.),
+                               _levels(ImageOps.equalize(pil), c), atol=_EXACT)
+    np.testing.assert_allclose(_ours(image, 'Invert', 0.),
+                               _levels(ImageOps.invert(pil), c), atol=_EXACT)
+
+
+def test_equalize_on_a_skewed_histogram():
+  # Most pixels dark, few bright: a lookup table far from the identity.
+  rng = np.random.default_rng(7)
+  image = np.clip(rng.exponential(20., (32, 32, 3)), 0, 255).astype(np.uint8)
+  out = _ours(image, 'Equalize', 0.)
+  np.testing.assert_allclose(
+      out, np.asarray(ImageOps.equalize(_pil(image)), np.float64), atol=_EXACT)
+  assert np.abs(out - image).max() > 50        # It did change the image.
+
+
+def _pil_affine(image, coefficients):
+  return np.asarray(_pil(image).transform(
+      _pil(image).size, Image.AFFINE, coefficients, Image.NEAREST,
+      fillcolor=0), np.float64)
+
+
+# Geometric ops, nearest neighbour with fill 0 (torchvision's AutoAugment
+# default), as PIL applies them: the inverse maps torchvision gives PIL
+# (shears about the top-left corner, whole-pixel translations, rotation
+# about the centre). Both sample the input pixel that contains a point; a
+# point within float rounding of a pixel edge can land on the neighbour, so
+# up to 1% of the pixels may differ (measured: 0 to 1 in 1280).
+_GEOMETRIC_CASES = (
+    [('ShearX', m, (1, m, 0, 0, 1, 0)) for m in (0.3, -0.2, 0.0333)]
+    + [('ShearY', m, (1, 0, 0, m, 1, 0)) for m in (0.3, -0.2, 0.1)]
+    + [('TranslateX', t, (1, 0, -t, 0, 1, 0)) for t in (14., -9., 1.)]
+    + [('TranslateY', t, (1, 0, 0, 0, 1, -t)) for t in (14., -6., 3.)])
+
+
+@pytest.mark.parametrize('name,magnitude,coefficients', _GEOMETRIC_CASES)
+def test_shear_and_translate_match_pil(name, magnitude, coefficients):
+  image = _image(8)
+  out = _ours(image, name, magnitude)
+  ref = _pil_affine(image, coefficients)
+  assert np.mean(np.any(np.abs(out - ref) > 0.5, axis=-1)) <= 0.01, name
+  if magnitude:
+    assert np.any(np.abs(out - image) > 0.5), name      # Not the identity.
+
+
+@pytest.mark.parametrize('degrees', [30., -30., 20., -6.6666665, 3.3333333])
+def test_rotate_matches_pil(degrees):
+  image = _image(9)
+  out = _ours(image, 'Rotate', degrees)
+  ref = np.asarray(_pil(image).rotate(degrees, Image.NEAREST, fillcolor=0),
+                   np.float64)
+  assert np.mean(np.any(np.abs(out - ref) > 0.5, axis=-1)) <= 0.01
+  assert np.all(out[0, 0] == 0) and np.all(out[-1, -1] == 0)   # Filled 0.
+
+
+def test_magnitude_tables_are_torchvisions():
+  # torchvision: linspace over 10 bins of (0, 0.3) shear, (0, 150/331 side)
+  # translation (then int()), (0, 30) degrees, (0, 0.9) enhance;
+  # posterize 8 - round(bin / 2.25); solarize linspace(255, 0).
+  table = augment.autoaugment_magnitudes(32, 64)
+  row = lambda name: table[augment.AUTOAUGMENT_OPS.index(name)]
+  bins = np.arange(10)
+  np.testing.assert_allclose(row('ShearX'), 0.3 * bins / 9, rtol=1e-6)
+  np.testing.assert_allclose(row('Rotate'), 30. * bins / 9, rtol=1e-6)
+  np.testing.assert_allclose(row('Sharpness'), 0.9 * bins / 9, rtol=1e-6)
+  assert row('TranslateX').tolist() == [int(150 / 331 * 64 * b / 9)
+                                        for b in bins]
+  assert row('TranslateY').tolist() == [int(150 / 331 * 32 * b / 9)
+                                        for b in bins]
+  assert row('TranslateY')[-1] == 14 and row('TranslateX')[-1] == 29
+  assert row('Posterize').tolist() == [8, 8, 7, 7, 6, 6, 5, 5, 4, 4]
+  np.testing.assert_allclose(row('Solarize'), [
+      255., 226.66667, 198.33333, 170., 141.66667, 113.33333, 85., 56.666668,
+      28.333334, 0.], rtol=1e-6)
+  for name in ('AutoContrast', 'Equalize', 'Invert'):
+    assert not row(name).any()
+
+
+def _port_warp(image, name, m):
+  """The port's geometric op, scipy.ndimage with bilinear interpolation
+  (order 1; the port itself uses the default order 3)."""
+  h, w = image.shape[:2]
+  theta = np.deg2rad(m)
+  linear = {  # On (row, column), as the port writes them.
+      'ShearX': [[1, m, 0], [0, 1, 0], [0, 0, 1]],
+      'ShearY': [[1, 0, 0], [m, 1, 0], [0, 0, 1]],
+      'TranslateX': [[1, 0, 0], [0, 1, m], [0, 0, 1]],
+      'TranslateY': [[1, 0, m], [0, 1, 0], [0, 0, 1]],
+      'Rotate': [[np.cos(theta), -np.sin(theta), 0],
+                 [np.sin(theta), np.cos(theta), 0], [0, 0, 1]]}[name]
+  oy, ox = h / 2 + 0.5, w / 2 + 0.5
+  matrix = (np.array([[1, 0, oy], [0, 1, ox], [0, 0, 1]]) @ np.array(linear)
+            @ np.array([[1, 0, -oy], [0, 1, -ox], [0, 0, 1]]))
+  return np.stack([ndimage.affine_transform(
+      image[..., c].astype(np.float64), matrix[:2, :2], matrix[:2, 2],
+      order=1, mode='constant', cval=0.) for c in range(image.shape[-1])],
+                  axis=-1)
+
+
+@pytest.mark.parametrize('name,magnitude', [
+    ('ShearX', 0.27), ('ShearX', -0.05), ('ShearY', -0.13), ('ShearY', 0.3),
+    ('TranslateX', 7.3), ('TranslateX', -14.), ('TranslateY', -11.6),
+    ('Rotate', 23.), ('Rotate', -4.)])
+def test_port_geometric_ops_match_scipy(name, magnitude):
+  # Same sample points, weights and edges as scipy's order-1 interpolation,
+  # to float32 rounding (measured: 1e-3 levels).
+  image = _image(13)
+  out = _ours(image, name, magnitude, 'pytorch_auto_augment')
+  np.testing.assert_allclose(out, _port_warp(image, name, magnitude),
+                             atol=0.01)
+  assert np.abs(out - image).max() > 50
+
+
+def test_port_grids_are_the_ports():
+  # 4uiiurz1/pytorch-auto-augment: np.linspace(lo, hi, 11) per op.
+  grids = augment.autoaugment_grids(32, 64)
+  row = lambda name: grids[augment.AUTOAUGMENT_OPS.index(name)]
+  edges = lambda lo, hi: np.linspace(lo, hi, 11)
+  np.testing.assert_allclose(row('ShearY'), edges(-0.3, 0.3), atol=1e-6)
+  np.testing.assert_allclose(row('TranslateX'),
+                             edges(-150 / 331, 150 / 331) * 64, rtol=1e-6)
+  np.testing.assert_allclose(row('TranslateY'),
+                             edges(-150 / 331, 150 / 331) * 32, rtol=1e-6)
+  np.testing.assert_allclose(row('Rotate'), edges(-30, 30), atol=1e-5)
+  np.testing.assert_allclose(1 + row('Color'), edges(0.1, 1.9), atol=1e-6)
+  np.testing.assert_allclose(row('Posterize'), edges(4, 8), atol=1e-6)
+  np.testing.assert_allclose(row('Solarize'), edges(0, 256), atol=1e-4)
+
+
+def test_port_magnitudes_are_uniform_within_their_bins():
+  n = 20_000
+  sub, ops, mags, apply = _draws('cifar10', n, impl='pytorch_auto_augment')
+  grids = augment.autoaugment_grids(32, 32)
+  names = augment.AUTOAUGMENT_OPS
+  counts = np.bincount(sub, minlength=25)
+  assert np.sum((counts - n / 25) ** 2 / (n / 25)) < 51.18
+  fractions = []
+  for s, sub_policy in enumerate(augment.AUTOAUGMENT_POLICIES['cifar10']):
+    rows = sub == s
+    for slot, (name, p, b) in enumerate(sub_policy):
+      rate = apply[rows, slot].mean()
+      assert abs(rate - p) <= 5 * np.sqrt(p * (1 - p) / rows.sum()) + 1e-9
+      if b is None:
+        continue
+      lo, hi = grids[names.index(name), b], grids[names.index(name), b + 1]
+      m = mags[rows, slot]
+      if name == 'Posterize':        # round(U(lo, hi)) bits.
+        assert set(np.unique(m)) <= set(range(int(np.floor(lo)),
+                                              int(np.ceil(hi)) + 1))
+        continue
+      assert np.all((m >= lo - 1e-5) & (m <= hi + 1e-5)), (name, b)
+      fractions.append((m - lo) / (hi - lo))
+  # Uniform within the bin: mean 1/2, each quarter of the bin ~1/4.
+  fractions = np.concatenate(fractions)
+  assert abs(fractions.mean() - 0.5) < 0.01
+  quarters = np.bincount(np.minimum((fractions * 4).astype(int), 3),
+                         minlength=4) / fractions.size
+  np.testing.assert_allclose(quarters, 0.25, atol=0.01)
+
+
+# The published policies, transcribed: "op probability bin" twice per sub-
+# policy. CIFAR-10 as the TCL code's port writes it, with a bin for the
+# magnitude-free ops too; ImageNet as torchvision, '-' for no magnitude.
+_CIFAR10 = """
+Invert 0.1 7 Contrast 0.2 6 | Rotate 0.7 2 TranslateX 0.3 9
+Sharpness 0.8 1 Sharpness 0.9 3 | ShearY 0.5 8 TranslateY 0.7 9
+AutoContrast 0.5 8 Equalize 0.9 2 | ShearY 0.2 7 Posterize 0.3 7
+Color 0.4 3 Brightness 0.6 7 | Sharpness 0.3 9 Brightness 0.7 9
+Equalize 0.6 5 Equalize 0.5 1 | Contrast 0.6 7 Sharpness 0.6 5
+Color 0.7 7 TranslateX 0.5 8 | Equalize 0.3 7 AutoContrast 0.4 8
+TranslateY 0.4 3 Sharpness 0.2 6 | Brightness 0.9 6 Color 0.2 8
+Solarize 0.5 2 Invert 0.0 3 | Equalize 0.2 0 AutoContrast 0.6 0
+Equalize 0.2 8 Equalize 0.6 4 | Color 0.9 9 Equalize 0.6 6
+AutoContrast 0.8 4 Solarize 0.2 8 | Brightness 0.1 3 Color 0.7 0
+Solarize 0.4 5 AutoContrast 0.9 3 | TranslateY 0.9 9 TranslateY 0.7 9
+AutoContrast 0.9 2 Solarize 0.8 3 | Equalize 0.8 8 Invert 0.1 3
+TranslateY 0.7 9 AutoContrast 0.9 1
+"""
+_IMAGENET = """
+Posterize 0.4 8 Rotate 0.6 9 | Solarize 0.6 5 AutoContrast 0.6 -
+Equalize 0.8 - Equalize 0.6 - | Posterize 0.6 7 Posterize 0.6 6
+Equalize 0.4 - Solarize 0.2 4 | Equalize 0.4 - Rotate 0.8 8
+Solarize 0.6 3 Equalize 0.6 - | Posterize 0.8 5 Equalize 1.0 -
+Rotate 0.2 3 Solarize 0.6 8 | Equalize 0.6 - Posterize 0.4 6
+Rotate 0.8 8 Color 0.4 0 | Rotate 0.4 9 Equalize 0.6 -
+Equalize 0.0 - Equalize 0.8 - | Invert 0.6 - Equalize 1.0 -
+Color 0.6 4 Contrast 1.0 8 | Rotate 0.8 8 Color 1.0 2
+Color 0.8 8 Solarize 0.8 7 | Sharpness 0.4 7 Invert 0.6 -
+ShearX 0.6 5 Equalize 1.0 - | Color 0.4 0 Equalize 0.6 -
+Equalize 0.4 - Solarize 0.2 4 | Solarize 0.6 5 AutoContrast 0.6 -
+Invert 0.6 - Equalize 1.0 - | Color 0.6 4 Contrast 1.0 8
+Equalize 0.8 - Equalize 0.6 -
+"""
+_NO_MAGNITUDE = ('AutoContrast', 'Equalize', 'Invert')
+
+
+def _parse(text):
+  subs = []
+  for part in text.replace('\n', ' | ').split('|'):
+    words = part.split()
+    if words:
+      assert len(words) == 6, part
+      subs.append(tuple(
+          (words[i], float(words[i + 1]),
+           None if words[i] in _NO_MAGNITUDE else int(words[i + 2]))
+          for i in (0, 3)))
+  return tuple(subs)
+
+
+@pytest.mark.parametrize('policy,text', [('cifar10', _CIFAR10),
+                                         ('imagenet', _IMAGENET)])
+def test_policies_are_the_published_ones(policy, text):
+  published = _parse(text)
+  assert len(published) == 25
+  assert augment.AUTOAUGMENT_POLICIES[policy] == published
+
+
+def _draws(policy, n, seed=0, impl='torchvision'):
+  keys = jax.random.split(jax.random.PRNGKey(seed), n)
+
+  def one(key):
+    sub, ops, magnitudes, apply = augment.autoaugment_draw(key, policy, impl)
+    return sub, ops, magnitudes(32, 32), apply
+
+  return jax.tree.map(np.asarray, jax.jit(jax.vmap(one))(keys))
+
+
+@pytest.mark.parametrize('policy', ['cifar10', 'imagenet'])
+def test_draws_are_uniform_over_sub_policies_and_keep_op_probabilities(
+    policy):
+  n = 25_000
+  sub, ops, mags, apply = _draws(policy, n)
+  table = augment.AUTOAUGMENT_POLICIES[policy]
+  # Uniform choice: chi-square with 24 degrees of freedom; 51.18 is its
+  # 0.999 quantile.
+  counts = np.bincount(sub, minlength=25)
+  expected = n / 25
+  assert np.sum((counts - expected) ** 2 / expected) < 51.18, counts
+  names = augment.AUTOAUGMENT_OPS
+  table_mags = augment.autoaugment_magnitudes(32, 32)
+  signs = []
+  for s, sub_policy in enumerate(table):
+    rows = sub == s
+    for slot, (name, p, b) in enumerate(sub_policy):
+      assert np.all(ops[rows, slot] == names.index(name))
+      # Each op applies with its probability: within 5 binomial sigma.
+      rate, k = apply[rows, slot].mean(), rows.sum()
+      assert abs(rate - p) <= 5 * np.sqrt(p * (1 - p) / k) + 1e-9, (s, slot)
+      m = mags[rows, slot]
+      np.testing.assert_allclose(np.abs(m),
+                                 table_mags[names.index(name), b or 0])
+      if name in augment.AUTOAUGMENT_OPS[:9] and b:   # Signed, nonzero.
+        signs.append(m < 0)
+      else:
+        assert np.all(m >= 0), name
+  negative = np.concatenate(signs)
+  assert abs(negative.mean() - 0.5) <= 5 * np.sqrt(0.25 / negative.size)
+
+
+@pytest.mark.parametrize('impl', augment.AUTOAUGMENT_IMPLS)
+def test_autoaugment_applies_the_drawn_ops_in_order(impl):
+  image = jnp.asarray(_image(10), jnp.float32) / 255.
+  run = jax.jit(functools.partial(augment.autoaugment, policy='cifar10',
+                                  impl=impl),
+                compiler_options=_FAST_COMPILE)
+  draw = jax.jit(lambda k: (lambda d: (d[1], d[2](32, 40), d[3]))(
+      augment.autoaugment_draw(k, 'cifar10', impl)))
+  changed = 0
+  for seed in range(12):
+    key = jax.random.PRNGKey(seed)
+    ops, mags, apply = draw(key)
+    expected = image
+    for slot in range(2):
+      if apply[slot]:
+        expected = _op(expected, ops[slot], mags[slot], impl)
+    out = run(key, image)
+    np.testing.assert_allclose(out, expected, atol=1e-6)
+    changed += bool(jnp.any(out != image))
+  assert changed >= 3
+
+
+def test_a_batch_under_jit_and_vmap_is_deterministic_per_key():
+  images = jnp.asarray(_image(11, (8, 32, 32, 3)), jnp.float32) / 255.
+  keys = jax.random.split(jax.random.PRNGKey(3), 8)
+  fn = jax.jit(jax.vmap(functools.partial(augment.autoaugment,
+                                          policy='cifar10')),
+               compiler_options=_FAST_COMPILE)
+  a, b = fn(keys, images), fn(keys, images)
+  np.testing.assert_array_equal(a, b)
+  one = jax.jit(functools.partial(augment.autoaugment, policy='cifar10'),
+                compiler_options=_FAST_COMPILE)
+  for i in (0, 5):     # vmapped == one image at a time.
+    np.testing.assert_allclose(a[i], one(keys[i], images[i]), atol=1e-6)
+  other = fn(jax.random.split(jax.random.PRNGKey(4), 8), images)
+  assert np.any(np.asarray(a) != np.asarray(other))
+  assert float(a.min()) >= 0. and float(a.max()) <= 1.
+
+
+def test_unknown_policy_is_rejected():
+  with pytest.raises(ValueError, match='autoaugment'):
+    augment.build_views('tcl', 2, ({'autoaugment': 'svhn2'},))
+  with pytest.raises(ValueError, match='autoaugment_impl'):
+    augment.build_views('tcl', 2, ({'autoaugment_impl': 'pil'},))
+  with pytest.raises(ValueError, match='unknown AutoAugment policy'):
+    augment.autoaugment(jax.random.PRNGKey(0), jnp.zeros((8, 8, 3)),
+                        policy='cifar100')
+
+
+def test_tcl_cifar10_config_augments_32px_batches():
+  from configs.papers import tcl
+  config = tcl.get_config('cifar10')
+  views = augment.build_views(config.augment.preset, config.augment.num_views,
+                              config.augment.overrides)
+  assert len(views) == 2
+  for view in views:
+    assert view.autoaugment == 'cifar10' and view.pad_crop == 4
+    assert view.autoaugment_impl == 'pytorch_auto_augment'
+    assert view.crop_scale is None and view.flip_p == 0.5
+    assert not any(view.jitter_amounts()) and not view.grayscale_p
+  images = jnp.asarray(_image(12, (6, 32, 32, 3)))
+  out = jax.jit(lambda k, x: augment.augment_batch(k, x, views),
+                compiler_options=_FAST_COMPILE)(jax.random.PRNGKey(0), images)
+  assert out.shape == (6, 2, 32, 32, 3) and out.dtype == jnp.float32
+  assert bool(jnp.all(jnp.isfinite(out)))
+  assert float(out.min()) >= 0. and float(out.max()) <= 1.
+  assert np.any(np.asarray(out[:, 0]) != np.asarray(out[:, 1]))
