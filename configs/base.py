@@ -167,6 +167,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.memory_bank.noise = 'per_instance'
 
   config.optimizer = ml_collections.ConfigDict()
+  # adamw (decoupled decay), adam (torch's Adam: L2 added to the gradient),
+  # sgd, lars.
   config.optimizer.name = 'adamw'
   # Peak lr = base_learning_rate * batch_size / 256 (linear scaling rule).
   config.optimizer.base_learning_rate = 1e-3

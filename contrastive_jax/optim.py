@@ -127,6 +127,11 @@ def create_optimizer(config, schedule: optax.Schedule
                            decay_biases_and_bn=opt.decay_biases_and_bn)
   if opt.name == 'adamw':
     return optax.adamw(schedule, weight_decay=opt.weight_decay, mask=mask)
+  if opt.name == 'adam':
+    # torch's Adam(weight_decay=wd): an L2 term wd * w added to the gradient
+    # before the moments (coupled), unlike AdamW's decay outside them.
+    return optax.chain(optax.add_decayed_weights(opt.weight_decay, mask=mask),
+                       optax.adam(schedule))
   if opt.name == 'sgd':
     return optax.chain(
         optax.add_decayed_weights(opt.weight_decay, mask=mask),
@@ -144,4 +149,4 @@ def create_optimizer(config, schedule: optax.Schedule
         optax.trace(decay=opt.momentum),
         optax.scale_by_learning_rate(schedule))
   raise ValueError(f'unknown optimizer {opt.name!r} (config.optimizer.name); '
-                   'known: adamw, sgd, lars.')
+                   'known: adam, adamw, sgd, lars.')

@@ -264,13 +264,14 @@ def test_clipped_lars_rate_is_solo_learns_per_layer_rule(decay_all):
 
 
 @pytest.mark.parametrize('decay_all', [False, True])
-@pytest.mark.parametrize('name', ['sgd', 'adamw'])
+@pytest.mark.parametrize('name', ['sgd', 'adamw', 'adam'])
 def test_weight_decay_reaches_biases_and_bn_only_when_configured(name,
                                                                  decay_all):
   # configs/base.py (decay_biases_and_bn=False): weight decay on matrices
   # only. True: on every leaf, as torch's SGD(model.parameters(),
   # weight_decay=wd). Two steps against numpy: torch's SGD buf = m buf +
-  # (g + wd w), w -= lr buf; AdamW w -= lr (m^ / (sqrt(v^) + eps) + wd w).
+  # (g + wd w), w -= lr buf; AdamW w -= lr (m^ / (sqrt(v^) + eps) + wd w);
+  # torch's Adam the moments of g + wd w, w -= lr m^ / (sqrt(v^) + eps).
   params, grads = _lars_params_and_grads()
   params['bn_scale'] = np.linspace(0.5, 1.5, 4).astype(np.float32)
   grads['bn_scale'] = np.linspace(-1., 1., 4).astype(np.float32)
@@ -294,6 +295,12 @@ def test_weight_decay_reaches_biases_and_bn_only_when_configured(name,
       if name == 'sgd':
         buf[k] = m * buf[k] + g + decay * w
         want[k] = w - lr * buf[k]
+      elif name == 'adam':
+        g = g + decay * w
+        mu[k] = 0.9 * mu[k] + 0.1 * g
+        nu[k] = 0.999 * nu[k] + 0.001 * g * g
+        want[k] = w - lr * (mu[k] / (1 - 0.9 ** t)) / (
+            np.sqrt(nu[k] / (1 - 0.999 ** t)) + 1e-8)
       else:
         mu[k] = 0.9 * mu[k] + 0.1 * g
         nu[k] = 0.999 * nu[k] + 0.001 * g * g
