@@ -376,8 +376,8 @@ def create_model(config) -> ContrastiveModel:
                      'flattened map that evaluation reads).')
   dtype = compute_dtype(config)
   # BatchNorm over groups of the batch (SplitBatchNorm) only when asked, so
-  # that an encoder without the field still builds.
-  splits = config.model.get('bn_splits', 0)
+  # that an encoder added without the field still builds.
+  splits = config.model.bn_splits
   encoder = ENCODERS[name](**config.model.encoder_kwargs, dtype=dtype,
                            **({'bn_splits': splits} if splits else {}))
   head = ProjectionHead(hidden_dim=config.model.head_hidden_dim,
