@@ -86,7 +86,8 @@ class Method(base.Method):
                          f'(config.augment.num_views={v}).')
     if mc.enqueue_keys not in ENQUEUE_KEYS:
       raise ValueError(f'config.moco.enqueue_keys={mc.enqueue_keys!r}; known: '
-                       'first (MoCo), mean (JCL\'s key means), all (every '
+                       'first (MoCo), last (the last key view, CACR\'s '
+                       'MoCo v2 code), mean (JCL\'s key means), all (every '
                        'key view, lightly\'s symmetric MoCo).')
     q = mc.queue_size
     # Rows written per step: B keys, or B per key view with 'all'.
