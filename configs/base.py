@@ -153,10 +153,11 @@ def get_config() -> ml_collections.ConfigDict:
   # > 0: a predictor MLP (this hidden width, out head_out_dim) on the query
   # branch, MoCo v3's and BYOL's; 0: none (MoCo v1/v2).
   config.moco.predictor_hidden_dim = 0
-  # What enters the queue: 'first' key view (MoCo), 'mean' of the
-  # normalised key views (JCL's key means) or 'all' key views, one after the
-  # other in key_views order (lightly's symmetric MoCo enqueues both views'
-  # keys; queue_size then a multiple of batch_size x len(key_views)).
+  # What enters the queue: 'first' key view (MoCo), 'last' key view (CACR's
+  # MoCo v2 code), 'mean' of the normalised key views (JCL's key means) or
+  # 'all' key views, one after the other in key_views order (lightly's
+  # symmetric MoCo enqueues both views' keys; queue_size then a multiple of
+  # batch_size x len(key_views)).
   config.moco.enqueue_keys = 'first'
   # method='memory_bank' only.
   config.memory_bank = ml_collections.ConfigDict()

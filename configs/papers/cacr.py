@@ -7,8 +7,8 @@ contrastive repulsion (weighted negatives), K = 4 positives per image.
   python main.py --config=configs/papers/cacr.py:cifar100 --workdir=...
 
 imagenet: the released MoCo v2 variant (5 views, every view a query and a key,
-t+ 1.0, t- 2.0, queue 65536, batch 256, 200 epochs, BN per 8-GPU group),
-MoCo's linear classification. cifar10 / cifar100: the SimCLR-framework
+t+ 1.0, t- 2.0, queue 65536 fed the last view's keys, batch 256, 200 epochs,
+BN per 8-GPU group), MoCo's linear classification. cifar10 / cifar100: the SimCLR-framework
 variant in the HCL setting (Adam lr 1e-3, batch 256, 400 epochs, t- 0.9 /
 2.0) with ResNet-18.
 Every value, its source and why it differs: configs/papers/recipes.yaml.
@@ -37,6 +37,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.moco.query_views = (0, 1, 2, 3, 4)
     config.moco.key_views = (0, 1, 2, 3, 4)
     config.moco.shuffle_bn = True
+    # CACR-SSL large_scale_shift_experiments/imagenet/ours/builder.py:
+    # _dequeue_and_enqueue(k_list[-1]), the last view's keys.
+    config.moco.enqueue_keys = 'last'
     config.model.bn_splits = 8          # MoCo's per-GPU BN on 8 GPUs.
   else:
     config.method = 'in_batch'

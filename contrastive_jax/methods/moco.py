@@ -30,7 +30,7 @@ from contrastive_jax.methods import base
 
 
 # What enters the queue after a step (config.moco.enqueue_keys).
-ENQUEUE_KEYS = ('first', 'mean', 'all')
+ENQUEUE_KEYS = ('first', 'last', 'mean', 'all')
 
 
 @flax.struct.dataclass
@@ -86,7 +86,8 @@ class Method(base.Method):
                          f'(config.augment.num_views={v}).')
     if mc.enqueue_keys not in ENQUEUE_KEYS:
       raise ValueError(f'config.moco.enqueue_keys={mc.enqueue_keys!r}; known: '
-                       'first (MoCo), mean (JCL\'s key means), all (every '
+                       'first (MoCo), last (the last key view, CACR\'s '
+                       'MoCo v2 code), mean (JCL\'s key means), all (every '
                        'key view, lightly\'s symmetric MoCo).')
     q = mc.queue_size
     # Rows written per step: B keys, or B per key view with 'all'.
@@ -202,6 +203,9 @@ class Method(base.Method):
       # symmetric MoCo: each direction's criterion call enqueues its keys).
       keys = losses.l2_normalize(key_z).swapaxes(0, 1).reshape(
           -1, key_z.shape[-1])
+    elif self.enqueue_keys == 'last':
+      # The last key view (CACR's MoCo v2 code enqueues k_list[-1]).
+      keys = losses.l2_normalize(key_z[:, -1])
     else:
       keys = losses.l2_normalize(key_z[:, 0])
     queue, ptr = enqueue(ms.queue, ms.queue_ptr, keys)
