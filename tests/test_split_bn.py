@@ -243,6 +243,15 @@ def test_enqueue_all_writes_every_key_view_in_order():
   assert int(first.queue_ptr) == ptr + b
   np.testing.assert_allclose(first.queue[ptr:ptr + b], unit[:, 0], rtol=1e-6,
                              atol=1e-6)
+  # 'last' (the CACR-MoCo code's `_dequeue_and_enqueue(k_list[-1])`) writes
+  # the last key view only, the rest of the queue untouched.
+  last = moco.Method(loss='infonce', ctx=method.ctx, query_views=(0, 1),
+                     key_views=(0, 1), queue_size=q,
+                     enqueue_keys='last').update(prepared, None, None)
+  want = queue.copy()
+  want[ptr:ptr + b] = unit[:, 1]
+  np.testing.assert_allclose(last.queue, want, rtol=1e-6, atol=1e-6)
+  assert int(last.queue_ptr) == ptr + b
 
 
 def test_validation_names_the_fix():
