@@ -6,8 +6,14 @@ the anchor's label is a positive.
   python main.py --config=configs/papers/supcon.py:cifar10 --workdir=...
   python main.py --config=configs/papers/supcon.py:cifar100 --workdir=...
 
-imagenet: ResNet-50, tau 0.1, L_out, SupContrast's head, SimCLR's LARS recipe
-at batch 4096 for 350 epochs (the paper's ImageNet values are unverified).
+imagenet: the authors' TF code (google-research supcon/scripts/
+supcon_imagenet_resnet50.sh): ResNet-50, tau 0.1, L_out with the loss scaled
+by tau, a linear 128-d head, LARS at batch 6144 (lr 0.4 x B / 256 = 9.6,
+weight decay 1e-3, 12 warmup epochs, cosine) for 350 epochs, AutoAugment
+(torchvision's ImageNet policy; the code's is TF's 'v0'). Not expressed here:
+the code L2-normalises the encoder output before the head and the classifier,
+and its linear stage is RMSProp with exponential decay and label smoothing
+0.05 (SimCLR's linear evaluation is used instead).
 cifar10 / cifar100: SupContrast's CIFAR command (batch 1024, SGD lr 0.5, 10
 warmup epochs from 0.01, cosine, tau 0.1) with ResNet-18 for 200 epochs,
 and its linear evaluation (main_linear.py: SGD lr 5 at batch 512, step decay).
@@ -31,13 +37,33 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.loss_kwargs = ml_collections.ConfigDict(
       {'temperature': 0.1, 'variant': 'out'})
   # SupContrast networks/resnet_big.py SupConResNet head='mlp':
-  # Linear-ReLU-Linear, no BatchNorm.
+  # Linear-ReLU-Linear, no BatchNorm (ImageNet: one linear layer, below).
   config.model.head_batch_norm = False
   # SupContrast losses.py: loss x (temperature / base_temperature), 0.1 /
-  # 0.07; supcon itself leaves that factor out.
+  # 0.07; supcon itself leaves that factor out (ImageNet: below).
   config.loss_scale = 0.1 / 0.07
   if scale == 'imagenet':
-    common.lars_simclr(config, epochs=350.)
+    # The authors' TF code, google-research supcon/scripts/
+    # supcon_imagenet_resnet50.sh with configs.sh SUPCON_FLAGS: LARS (eta
+    # 1e-3, momentum 0.9) at batch 6144, lr 0.4 x B / 256, weight decay 1e-3
+    # (BatchNorm excluded; its convolutions have no biases), 12 warmup epochs
+    # (--stage_1_warmup_epochs default) then cosine, 350 epochs.
+    common.lars_simclr(config, batch_size=6144, epochs=350.,
+                       base_learning_rate=0.4, weight_decay=1e-3,
+                       warmup_epochs=12.)
+    # --projection_head_layers=128: one Dense(128), no BatchNorm (the code's
+    # Dense has no bias; this head's keeps one, undecayed).
+    config.model.head_layers = 1
+    config.model.head_out_dim = 128
+    # --scale_by_temperature=True: losses.py loss *= temperature (no
+    # base_temperature, unlike SupContrast's 0.1 / 0.07).
+    config.loss_scale = 0.1
+    # --augmentation_type=AUTOAUGMENT: preprocessing.py distorted crop
+    # (area 0.08-1), flip, AutoAugment; no colour jitter, grayscale or blur.
+    # Here torchvision's ImageNet policy (the code's is TF's 'v0').
+    config.augment.overrides = ({'autoaugment': 'imagenet',
+                                 'jitter_strength': 0., 'jitter_p': 0.,
+                                 'grayscale_p': 0., 'blur_p': 0.},)
   else:
     common.sgd_cifar(config, batch_size=1024)
     config.optimizer.base_learning_rate = 0.5 * 256 / 1024

@@ -7,12 +7,17 @@ batch with the k1 / k2 terms that tune the positives' and negatives' gradient.
   python main.py --config=configs/papers/tcl.py:cifar100 --workdir=...
 
 The thesis's recipe (Sec. 5.2): tau 0.1, k1 5000 (CIFAR-10) / 4000, k2 1, SGD
-(momentum 0.9, weight decay 1e-4), cosine, 100 epochs, then a 50-epoch linear
-stage; ResNet-18 on CIFAR and ResNet-50 on ImageNet-1k (the thesis: ResNet-50
-and ResNet-18 on ImageNet-100), and its augmentation at every scale: random
-crop with zero padding 4, horizontal flip, then AutoAugment with the CIFAR-10
-policy (preset 'tcl'; the official code uses that policy on ImageNet-100 too,
-after resizing to 224 x 224). Self-supervised TCL: --config.use_labels=False
+(momentum 0.9, weight decay 1e-4 on every parameter, biases and BatchNorm
+included, as the official code's SGD(model.parameters())), cosine, 100
+epochs, then a 50-epoch linear stage; the official code's projector,
+Linear-ReLU-Linear without BatchNorm; ResNet-18 on CIFAR and ResNet-50 on
+ImageNet-1k (the thesis: ResNet-50 and ResNet-18 on ImageNet-100), and its
+augmentation at every scale: random crop with zero padding 4, horizontal flip,
+then AutoAugment with the CIFAR-10 policy (preset 'tcl'; the official code
+uses that policy on ImageNet-100 too, after resizing to 224 x 224, and
+evaluates on that resized image uncropped: eval_crop_fraction 1 here, the
+whole centre square the training views are cut from).
+Self-supervised TCL: --config.use_labels=False
 --config.loss_kwargs.k1=1 --config.loss_kwargs.k2=1.5
 --config.augment.num_views=3 --config.augment.preset=simclr (the thesis's
 self-supervised runs use SimCLR's augmentation with blur).
@@ -34,9 +39,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   k1 = 5000. if scale == 'cifar10' else 4000.
   config.loss_kwargs = ml_collections.ConfigDict(
       {'temperature': 0.1, 'k1': k1, 'k2': 1.})
+  # The official code's projector, Linear-ReLU-Linear without BatchNorm
+  # (models/resnet_big_pretrained_cifar.py), and its optimizer,
+  # SGD(model.parameters(), weight_decay=1e-4): biases and BatchNorm decayed.
+  config.model.head_batch_norm = False
   config.optimizer.name = 'sgd'
   config.optimizer.momentum = 0.9
   config.optimizer.weight_decay = 1e-4
+  config.optimizer.decay_biases_and_bn = True
   config.optimizer.warmup_fraction = 0.
   config.num_epochs = 100.
   # TCL's linear stage; on CIFAR-100 at its contrastive batch of 128.
@@ -46,6 +56,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if scale == 'imagenet':
     config.batch_size = 256
     config.optimizer.base_learning_rate = 0.3 * 256 / 128
+    # The official ImageNet-100 evaluation reads the same Resize((224, 224))
+    # image as training, uncropped: here the whole centre square, the image
+    # the views (no resized crop) are cut from, not Resize(256)+CenterCrop.
+    config.dataset.eval_crop_fraction = 1.0
     config.model.head_hidden_dim, config.model.head_out_dim = 2048, 128
   else:
     config.batch_size = 64 if scale == 'cifar10' else 128
