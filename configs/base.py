@@ -62,8 +62,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.dataset.imbalance_levels = 0       # L; 0: min(num_classes, 10).
   # Where the training views' random resized crops are cut (streamed image
   # sources; docs/input_pipeline.md): 'center_square' takes them on the
-  # devices from the image_size square the host made (shorter side resized,
-  # centre cut); 'full_image' cuts each view's crop on the host from the
+  # devices from the image_size square the host made (`resize` below:
+  # shorter side resized and centre cut, or squashed); 'full_image' cuts each view's crop on the host from the
   # full decoded image and resizes it to image_size, as torchvision's
   # RandomResizedCrop and SimCLR's distorted_bounding_box_crop do, so small
   # crops keep the image's resolution and reach the borders the square cuts
@@ -75,6 +75,12 @@ def get_config() -> ml_collections.ConfigDict:
   # Resize(256) + CenterCrop(224) (MoCo, InsDis; SimCLR's CROP_PROPORTION).
   # Below 1 it needs a host resize: a streamed split with image_size set.
   config.dataset.eval_crop_fraction = 1.0
+  # How the host makes each decoded image the image_size square that
+  # evaluation reads (and 'center_square' training): 'shorter_side' resizes
+  # the shorter side and cuts the centre (above); 'squash' resizes the whole
+  # image to image_size x image_size, aspect ratio lost, as torchvision's
+  # Resize((224, 224)) (TCL's ImageNet-100 code); it needs the fraction 1.
+  config.dataset.resize = 'shorter_side'
 
   # Views: `preset` names a recipe in input_pipeline/augment.py PRESETS.
   config.augment = ml_collections.ConfigDict()

@@ -34,11 +34,13 @@ in shape, which is why it is the host's job; everything after it is
 fixed-shape array work that the accelerators do far faster than the host
 (docs/input_pipeline.md). Two fits:
 
-* `CenterSquare(fraction)`: the shorter side resized to `image_size /
-  fraction`, the central `image_size` square cut (fraction 1: the whole
-  square; 0.875: torchvision's Resize(256) + CenterCrop(224)). A decoding
-  source's own `fit` (what a plain `read` gives, so every evaluation read)
-  has `config.dataset.eval_crop_fraction`.
+* `CenterSquare(fraction, squash)`: the shorter side resized to
+  `image_size / fraction`, the central `image_size` square cut (fraction 1:
+  the whole square; 0.875: torchvision's Resize(256) + CenterCrop(224)); or,
+  squashed, the whole image resized to image_size x image_size
+  (Resize((224, 224))). A decoding source's own `fit` (what a plain `read`
+  gives, so every evaluation read) has `config.dataset.eval_crop_fraction`
+  and `config.dataset.resize` (`source_fit`).
 * `RandomCrops`: `config.dataset.train_crop_source='full_image'`, one random
   resized crop per view cut from the full decoded image and resized to
   `image_size` ([V, S, S, C] per example), drawn from (seed, step, example
@@ -91,18 +93,27 @@ def _resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
 
 
 def fit_square(image: np.ndarray, size: int | None, channels: int,
-               fraction: float = 1.0) -> np.ndarray:
+               fraction: float = 1.0, squash: bool = False) -> np.ndarray:
   """[H, W(, C)] uint8 -> [size, size, channels] uint8.
 
   Resizes the shorter side to `size / fraction` (bilinear, antialiased:
   PIL's reducing filter) and cuts the central `size` square (top-left
-  corner at half the excess, rounded down). None keeps the image's own size
-  (it must then already be square and the same for every example; the
+  corner at half the excess, rounded down): torchvision's Resize(size /
+  fraction) + CenterCrop(size). `squash` instead resizes the whole image to
+  size x size, its aspect ratio lost (torchvision's Resize((size, size))),
+  so nothing is cut; the fraction must then be 1. None keeps the image's own
+  size (it must then already be square and the same for every example; the
   fraction must be 1).
   """
   if image.ndim == 2:
     image = image[..., None]
-  if size is not None and (image.shape[:2] != (size, size) or fraction != 1):
+  if squash and fraction != 1:
+    raise ValueError('a squashed image keeps all of it: the centre crop '
+                     f'fraction must be 1, not {fraction}.')
+  if size is not None and squash:
+    if image.shape[:2] != (size, size):
+      image = _resize(image, size, size)
+  elif size is not None and (image.shape[:2] != (size, size) or fraction != 1):
     target = size if fraction == 1 else round(size / fraction)
     h, w = image.shape[:2]
     scale = target / min(h, w)
@@ -110,8 +121,9 @@ def fit_square(image: np.ndarray, size: int | None, channels: int,
     image = _resize(image, new_h, new_w)
     top, left = (new_h - size) // 2, (new_w - size) // 2
     image = image[top:top + size, left:left + size]
-  elif fraction != 1:
-    raise ValueError('a centre crop fraction needs a size to resize to.')
+  elif fraction != 1 or squash:
+    raise ValueError('a centre crop fraction or a squash needs a size to '
+                     'resize to.')
   return np.ascontiguousarray(_to_channels(image, channels), dtype=np.uint8)
 
 
@@ -148,12 +160,16 @@ def crop_box(rng: np.random.Generator, height: int, width: int,
 
 @dataclasses.dataclass(frozen=True)
 class CenterSquare:
-  """The fit of evaluation (and of today's training) reads: `fit_square`.
+  """The fit of evaluation reads (and of training with
+  `train_crop_source='center_square'`): `fit_square`.
 
   fraction: the share of the resized shorter side the square keeps (1: all
-  of it; 0.875: Resize(256) + CenterCrop(224) at 224).
+    of it; 0.875: Resize(256) + CenterCrop(224) at 224).
+  squash: the whole image resized to the square instead
+    (`config.dataset.resize='squash'`).
   """
   fraction: float = 1.0
+  squash: bool = False
 
   def at(self, step: int) -> 'CenterSquare':
     del step
@@ -161,14 +177,14 @@ class CenterSquare:
 
   def draft(self, size: int) -> int | None:
     """The least side a JPEG decoder may reduce the image to."""
-    return round(size / self.fraction)
+    return round(size / self.fraction)   # A squash has fraction 1: size.
 
   def shape(self, image_shape) -> tuple[int, ...]:
     return tuple(image_shape)
 
   def __call__(self, image, index: int, size: int, channels: int):
     del index
-    return fit_square(image, size, channels, self.fraction)
+    return fit_square(image, size, channels, self.fraction, self.squash)
 
 
 # Tells the crop draws' random stream from the other uses of config.seed.
@@ -180,8 +196,8 @@ class RandomCrops:
   """One random resized crop per view from the full decoded image.
 
   boxes: per view, (crop_scale, crop_ratio) of its random resized crop
-    (`crop_box`), or None for a view without one (its image is
-    `CenterSquare()`'s, e.g. a translation-crop view).
+    (`crop_box`), or None for a view without one (its image is the whole
+    square, `CenterSquare(1, squash)`'s, e.g. a translation-crop view).
   seed, step: the draws of view v of example i come from
     `default_rng([_CROP_STREAM, seed, step, i, v])`, so they depend on
     nothing else (not the process, the batch, the other views).
@@ -191,6 +207,7 @@ class RandomCrops:
   boxes: tuple[tuple[tuple[float, float], tuple[float, float]] | None, ...]
   seed: int
   step: int = 0
+  squash: bool = False
 
   def at(self, step: int) -> 'RandomCrops':
     return dataclasses.replace(self, step=int(step))
@@ -209,7 +226,7 @@ class RandomCrops:
     views = []
     for v, box in enumerate(self.boxes):
       if box is None:
-        views.append(fit_square(image, size, channels))
+        views.append(fit_square(image, size, channels, squash=self.squash))
         continue
       rng = np.random.default_rng([_CROP_STREAM, self.seed, self.step,
                                    int(index), v])
@@ -219,13 +236,7 @@ class RandomCrops:
 
 
 TRAIN_CROP_SOURCES = ('center_square', 'full_image')
-
-
-def crop_options(dataset_config) -> tuple[str, float]:
-  """(train_crop_source, eval_crop_fraction) of `config.dataset`; a bare
-  dataset dict without them (a test's) has configs/base.py's defaults."""
-  return (dataset_config.get('train_crop_source', 'center_square'),
-          float(dataset_config.get('eval_crop_fraction', 1.0)))
+RESIZES = ('shorter_side', 'squash')
 
 
 def training_fit(dataset_config, views=None, seed: int = 0):
@@ -233,51 +244,77 @@ def training_fit(dataset_config, views=None, seed: int = 0):
 
   `RandomCrops` of `views` (their crop_scale and crop_ratio) with
   `train_crop_source='full_image'` and views given; else the whole square,
-  `CenterSquare()`, when the sources' own fit is another (an
+  `CenterSquare(1, squash)`, when the sources' own fit is another (an
   `eval_crop_fraction` below 1); else None: the source's plain read.
   """
-  crop_source, fraction = crop_options(dataset_config)
-  if crop_source == 'full_image' and views is not None:
+  dc = dataset_config
+  squash = dc.resize == 'squash'
+  if dc.train_crop_source == 'full_image' and views is not None:
     return RandomCrops(tuple(
         None if v.crop_scale is None else
         (tuple(float(x) for x in v.crop_scale),
-         tuple(float(x) for x in v.crop_ratio)) for v in views), int(seed))
-  if fraction != 1:
-    return CenterSquare()
+         tuple(float(x) for x in v.crop_ratio)) for v in views), int(seed),
+                       squash=squash)
+  if dc.eval_crop_fraction != 1:
+    return CenterSquare(1.0, squash)
   return None
 
 
+def source_fit(dataset_config) -> CenterSquare:
+  """A decoding source's own fit: what every plain read (each evaluation)
+  gives, `config.dataset.eval_crop_fraction` and `resize`."""
+  return CenterSquare(float(dataset_config.eval_crop_fraction),
+                      dataset_config.resize == 'squash')
+
+
 def check_crop_options(dataset_config) -> None:
-  """Raises for `train_crop_source` / `eval_crop_fraction` values a dataset
-  cannot take: they act where the host decodes and resizes images, so they
-  need a streamed split (an in-memory one holds one fixed square per image)
-  and, for a fraction below 1, an `image_size` to resize to."""
+  """Raises for `train_crop_source` / `eval_crop_fraction` / `resize` values
+  a dataset cannot take: they act where the host decodes and resizes
+  images, so they need a decoding source (an npz split holds fixed squares)
+  and an `image_size` to resize to; a crop source or a fraction below 1
+  also needs the split streamed (an in-memory one holds one square per
+  image, for training and evaluation alike)."""
   dc = dataset_config
-  crop_source, fraction = crop_options(dc)
+  crop_source, fraction = dc.train_crop_source, float(dc.eval_crop_fraction)
   if crop_source not in TRAIN_CROP_SOURCES:
     raise ValueError(f'config.dataset.train_crop_source={crop_source!r}; use '
                      f'one of {", ".join(TRAIN_CROP_SOURCES)}.')
+  if dc.resize not in RESIZES:
+    raise ValueError(f'config.dataset.resize={dc.resize!r}; use one of '
+                     f'{", ".join(RESIZES)}.')
   if not 0 < fraction <= 1:
     raise ValueError(f'config.dataset.eval_crop_fraction={fraction} must be '
                      'in (0, 1] (0.875: Resize(256) + CenterCrop(224)).')
+  squash = dc.resize == 'squash'
+  if squash and fraction != 1:
+    raise ValueError(
+        f"config.dataset.resize='squash' resizes the whole image to "
+        f'image_size x image_size, so there is nothing to centre-crop, but '
+        f'config.dataset.eval_crop_fraction={fraction}; set it to 1.0 (or '
+        "resize='shorter_side' for Resize + CenterCrop).")
   asked = [what for what, on in (
       ("train_crop_source='full_image'", crop_source == 'full_image'),
-      (f'eval_crop_fraction={fraction}', fraction != 1)) if on]
+      (f'eval_crop_fraction={fraction}', fraction != 1),
+      ("resize='squash'", squash)) if on]
   if not asked:
     return
-  if dc.name == 'npz' or dc.in_memory:
+  if dc.name == 'npz':
+    raise ValueError(
+        f'config.dataset.{" and ".join(asked)} act where the host decodes '
+        'each image, but an npz split holds fixed squares '
+        '(config.dataset.name=npz); use an image folder or a TFDS dataset, '
+        'or store the arrays already fitted and keep the defaults.')
+  if dc.in_memory and (crop_source == 'full_image' or fraction != 1):
     raise ValueError(
         f'config.dataset.{" and ".join(asked)} act where the host decodes '
         'each image, but this split is held in memory as fixed squares '
-        f'(config.dataset.{"name=npz" if dc.name == "npz" else "in_memory"}'
-        '); stream it: config.dataset.in_memory=False with an image folder '
-        'or a TFDS dataset.')
-  if fraction != 1 and not dc.image_size:
+        '(config.dataset.in_memory); stream it: config.dataset.in_memory='
+        'False with an image folder or a TFDS dataset.')
+  if not dc.image_size:
     raise ValueError(
-        f'config.dataset.eval_crop_fraction={fraction} resizes the shorter '
-        'side to image_size / fraction, but config.dataset.image_size is '
-        'None (the dataset\'s own size, never resized); set image_size or '
-        'keep the fraction 1.')
+        f'config.dataset.{" and ".join(asked)} resize each image to '
+        'config.dataset.image_size, but image_size is None (the dataset\'s '
+        'own size, never resized); set image_size or keep the defaults.')
 
 
 def load_image(path, channels: int, draft: int | None = None
@@ -627,7 +664,8 @@ def read_npz(root: str | os.PathLike, split: str):
 def open_split(dataset_config, split: str,
                classes: Sequence[str] | None = None):
   """The source of `split` for `config.dataset` (name, data_dir, image_size,
-  in_memory, eval_crop_fraction: the source's own fit, `check_crop_options`).
+  in_memory; eval_crop_fraction and resize: the source's own fit,
+  `source_fit`; `check_crop_options`).
 
   `name='image_folder'` reads `data_dir/<split>/<class>/*`, labelled by
   `classes` (default: the folder's class list, `folder_classes`);
@@ -639,7 +677,7 @@ def open_split(dataset_config, split: str,
   """
   dc = dataset_config
   check_crop_options(dc)
-  fit = CenterSquare(crop_options(dc)[1])
+  fit = source_fit(dc)
   if dc.name == 'npz':
     if not dc.data_dir:
       raise ValueError('config.dataset.name="npz" reads '

@@ -1,10 +1,12 @@
 """Where crops are cut and in what order the ops run.
 
 config.dataset.train_crop_source ('full_image': each view's random resized
-crop cut on the host from the full decoded image), config.dataset.
-eval_crop_fraction (Resize(size / fraction) + CenterCrop(size) of every
-evaluation image) and config.augment.op_order (grayscale before jitter, as
-InsDis). References are PIL and numpy computations of the torchvision rules.
+crop cut on the host from the full decoded image, for pretraining and the
+linear probe), config.dataset.eval_crop_fraction (Resize(size / fraction) +
+CenterCrop(size) of every evaluation image), config.dataset.resize ('squash':
+Resize((size, size)) of the whole image) and config.augment.op_order
+(grayscale before jitter, as InsDis). References are PIL and numpy
+computations of the torchvision rules.
 """
 
 import json
@@ -14,7 +16,6 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from PIL import Image
@@ -32,6 +33,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # and this code's round() agree) and every centre-crop margin is even (no
 # half-pixel rounding to tell the two rules apart).
 SIZES = ((28, 56), (56, 28), (42, 42), (35, 70))
+
+
+def _dataset(**fields):
+  """configs/test.py's resolved config.dataset with `fields` set."""
+  config = config_lib.with_defaults(test_config.get_config())
+  config.dataset.update(fields)
+  return config.dataset
 
 
 def _column_image(height, width, channels=3):
@@ -138,9 +146,8 @@ def test_host_crops_stream_the_same_for_any_number_of_processes(
     mixed_folder):
   source = sources.ImageFolder(mixed_folder, 'train', image_size=14)
   views = augment.build_views('simclr', 2)
-  fit = sources.training_fit(ml_collections.ConfigDict(
-      {'train_crop_source': 'full_image', 'eval_crop_fraction': 1.0}),
-      views, seed=3)
+  fit = sources.training_fit(_dataset(train_crop_source='full_image'),
+                             views, seed=3)
   assert isinstance(fit, sources.RandomCrops)
   batch = lambda pid, n: pipeline._HostBatch(  # pylint: disable=protected-access
       source, 3, len(source), 8, pid, n, fit)
@@ -205,14 +212,61 @@ def test_a_training_read_takes_the_whole_square_whatever_the_eval_fraction(
     mixed_folder):
   source = sources.ImageFolder(mixed_folder, 'train', image_size=14,
                                fit=sources.CenterSquare(0.875))
-  fit = sources.training_fit(ml_collections.ConfigDict(
-      {'train_crop_source': 'center_square', 'eval_crop_fraction': 0.875}))
+  fit = sources.training_fit(_dataset(eval_crop_fraction=0.875))
   assert fit == sources.CenterSquare(1.0)
   whole = sources.ImageFolder(mixed_folder, 'train', image_size=14)
   ids = np.arange(6)
   np.testing.assert_array_equal(source.read(ids, fit=fit)['image'],
                                 whole.read(ids)['image'])
   assert not np.array_equal(source.read(ids)['image'], whole.read(ids)['image'])
+
+
+# --------------------------------------------------------------------------
+# resize='squash': the whole image to size x size, for every read.
+# --------------------------------------------------------------------------
+
+def test_squash_is_pil_resize_of_the_whole_image_for_every_read(mixed_folder):
+  dataset = _dataset(name='image_folder', data_dir=mixed_folder,
+                     image_size=14, resize='squash', in_memory=False)
+  sources.check_crop_options(dataset)
+  for split in ('train', 'test'):
+    source = sources.open_split(dataset, split)
+    got = source.read(np.arange(len(source)))['image']
+    for k, path in enumerate(source.files):
+      # torchvision's Resize((14, 14)) on a PIL image is PIL's resize.
+      want = Image.open(path).convert('RGB').resize((14, 14), Image.BILINEAR)
+      np.testing.assert_array_equal(got[k], np.asarray(want))
+  # Not the shorter-side square: the non-square images lose their sides.
+  plain = sources.ImageFolder(mixed_folder, 'test', image_size=14)
+  assert not np.array_equal(plain.read([0, 1])['image'], got[:2])
+  # Held in memory, the squashed images are what training and evaluation
+  # both read.
+  held = sources.open_split(dict_update(dataset, in_memory=True), 'test')
+  np.testing.assert_array_equal(held.images, got)
+  # Training reads the source's own squashed image; full_image views without
+  # a random crop get it too.
+  assert sources.training_fit(dataset) is None
+  fit = sources.training_fit(dict_update(dataset,
+                                         train_crop_source='full_image'),
+                             (augment.ViewConfig(crop_scale=None),), seed=0)
+  img = np.asarray(Image.open(source.files[0]).convert('RGB'))
+  np.testing.assert_array_equal(fit(img, 0, 14, 3)[0], got[0])
+
+
+def test_squash_of_a_column_ramp_keeps_every_column():
+  out = sources.fit_square(_column_image(32, 128), 32, 3, squash=True)
+  assert out.shape == (32, 32, 3)
+  # 128 columns into 32: output column j averages columns 4j..4j+3 (PIL's
+  # antialiased bilinear: a triangle of support 4 around 4j + 1.5).
+  np.testing.assert_allclose(out[0, :, 0], 4 * np.arange(32) + 1.5, atol=1)
+  with pytest.raises(ValueError, match='fraction must be 1'):
+    sources.fit_square(_column_image(32, 128), 32, 3, 0.875, squash=True)
+
+
+def dict_update(dataset, **fields):
+  copy = dataset.copy_and_resolve_references()
+  copy.update(fields)
+  return copy
 
 
 @pytest.mark.parametrize('dataset,match', [
@@ -225,6 +279,13 @@ def test_a_training_read_takes_the_whole_square_whatever_the_eval_fraction(
     ({'in_memory': False, 'eval_crop_fraction': 0.}, r'in \(0, 1\]'),
     ({'in_memory': False, 'eval_crop_fraction': 1.2}, r'in \(0, 1\]'),
     ({'in_memory': False, 'train_crop_source': 'random'}, 'center_square'),
+    ({'in_memory': False, 'resize': 'crop'}, 'shorter_side, squash'),
+    ({'in_memory': False, 'resize': 'squash', 'eval_crop_fraction': 0.875},
+     'nothing to centre-crop'),
+    ({'resize': 'squash', 'name': 'npz'}, 'npz split'),
+    ({'resize': 'squash', 'image_size': None}, 'image_size'),
+    ({'resize': 'squash', 'in_memory': True,
+      'train_crop_source': 'full_image'}, 'in memory'),
 ])
 def test_crop_options_a_dataset_cannot_take_are_refused(dataset, match):
   config = config_lib.with_defaults(test_config.get_config())
@@ -361,7 +422,11 @@ def test_main_trains_and_evaluates_with_the_new_options(mixed_folder,
        '--config.model.encoder_kwargs.widths=(4,8)',
        '--config.eval.baselines=False',
        '--config.evals.online_knn.every_steps=-1',
-       '--config.evals.linear.max_iter=5', '--config.evals.knn.ks=(3,)'],
+       '--config.evals.linear.max_iter=5', '--config.evals.knn.ks=(3,)',
+       # The papers' linear probe, its crops cut from the full image too.
+       '--config.evals.linear_eval.every_steps=0',
+       '--config.evals.linear_eval.preset=moco',
+       '--config.evals.linear_eval.epochs=1'],
       cwd=REPO, capture_output=True, text=True, timeout=600,
       env=dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8'))
   assert out.returncode == 0, out.stderr[-3000:]
@@ -369,6 +434,7 @@ def test_main_trains_and_evaluates_with_the_new_options(mixed_folder,
     results = json.load(f)
   assert results['steps'] == 2      # 16 training images, batch 8.
   assert 0 <= results['trained/knn_weighted_top1@3'] <= 1, results
+  assert 0 <= results['trained/linear_eval_top1'] <= 1, results
   with open(tmp_path / 'config.json') as f:
     stored = json.load(f)
   assert stored['dataset']['train_crop_source'] == 'full_image'

@@ -170,6 +170,7 @@ def hyperparameters(config) -> dict:
   if config.dataset.name == 'imagenet2012':
     h['dataset.train_crop_source'] = config.dataset.train_crop_source
     h['dataset.eval_crop_fraction'] = config.dataset.eval_crop_fraction
+    h['dataset.resize'] = config.dataset.resize
   entry = config.evals.linear_eval
   if entry.every_steps >= 0 and entry.preset:
     probe = linear_eval.get_config(entry.preset, epochs=entry.epochs,

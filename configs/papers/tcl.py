@@ -14,9 +14,9 @@ Linear-ReLU-Linear without BatchNorm; ResNet-18 on CIFAR and ResNet-50 on
 ImageNet-1k (the thesis: ResNet-50 and ResNet-18 on ImageNet-100), and its
 augmentation at every scale: random crop with zero padding 4, horizontal flip,
 then AutoAugment with the CIFAR-10 policy (preset 'tcl'; the official code
-uses that policy on ImageNet-100 too, after resizing to 224 x 224, and
-evaluates on that resized image uncropped: eval_crop_fraction 1 here, the
-whole centre square the training views are cut from).
+uses that policy on ImageNet-100 too, after squashing the whole image to
+224 x 224, and evaluates on that squashed image uncropped: resize 'squash'
+here, for training and evaluation).
 Self-supervised TCL: --config.use_labels=False
 --config.loss_kwargs.k1=1 --config.loss_kwargs.k2=1.5
 --config.augment.num_views=3 --config.augment.preset=simclr (the thesis's
@@ -56,9 +56,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if scale == 'imagenet':
     config.batch_size = 256
     config.optimizer.base_learning_rate = 0.3 * 256 / 128
-    # The official ImageNet-100 evaluation reads the same Resize((224, 224))
-    # image as training, uncropped: here the whole centre square, the image
-    # the views (no resized crop) are cut from, not Resize(256)+CenterCrop.
+    # The official ImageNet-100 code squashes every image to 224 x 224
+    # (Resize((224, 224))); training pads and crops that image, evaluation
+    # reads it whole: no random resized crop, no Resize(256)+CenterCrop.
+    config.dataset.resize = 'squash'
+    config.dataset.train_crop_source = 'center_square'
     config.dataset.eval_crop_fraction = 1.0
     config.model.head_hidden_dim, config.model.head_out_dim = 2048, 128
   else:

@@ -195,12 +195,14 @@ def _logits(params, features):
   return features @ params['w'] + params['b']
 
 
-def make_step_fns(model, tx, view: augment.ViewConfig, mesh):
+def make_step_fns(model, tx, view: augment.ViewConfig, mesh, *,
+                  host_cropped: bool = False):
   """(train_step, eval_counts), jitted with explicit shardings.
 
-  train_step(params, opt_state, variables, images uint8 [B,H,W,C], labels [B],
-  rng) -> (params, opt_state, loss): one SGD/Adam step on the augmented
-  batch. eval_counts(params, variables, images, labels, mask) -> (top-1
+  train_step(params, opt_state, variables, images uint8 [B,H,W,C] ([B,1,H,W,C]
+  with `host_cropped`: the view's random resized crop cut by the host,
+  `sources.RandomCrops`), labels [B], rng) -> (params, opt_state, loss): one
+  step on the augmented batch. eval_counts(params, variables, images, labels, mask) -> (top-1
   correct, top-5 correct, count), int32 scalars over the global batch.
   """
   replicated = NamedSharding(mesh, P())
@@ -212,7 +214,8 @@ def make_step_fns(model, tx, view: augment.ViewConfig, mesh):
       out_shardings=(replicated, replicated, replicated),
       donate_argnums=(0, 1))
   def train_step(params, opt_state, variables, images, labels, rng):
-    x = augment.augment_batch(rng, images, (view,))[:, 0]
+    x = augment.augment_groups(rng, images, (view,),
+                               host_cropped=host_cropped)[0][:, 0]
     features = _frozen_features(model, variables, x)
 
     def loss_fn(p):
@@ -257,9 +260,10 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
     eval_batch_size: global batch of the evaluation passes.
     num_workers: decoding processes of the streamed training images
       (`pipeline.TrainBatches`).
-    fit: how the training images are read (`sources.training_fit` without
-      views: the whole square, whatever the sources' evaluation fit); None:
-      the source's plain read.
+    fit: how the training images are read (`sources.training_fit` of
+      `cfg.view`: its random resized crop cut from the full image with
+      `train_crop_source='full_image'`, else the whole square whatever the
+      sources' evaluation fit); None: the source's plain read.
     bar_desc: the progress bar's label (progress.py decides if it shows).
 
   Returns:
@@ -291,7 +295,9 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
       'w': jnp.zeros((feature_dim, num_classes), jnp.float32),
       'b': jnp.zeros((num_classes,), jnp.float32)}, replicated)
   opt_state = jax.jit(tx.init, out_shardings=replicated)(params)
-  train_step, eval_counts = make_step_fns(model, tx, cfg.view, mesh)
+  train_step, eval_counts = make_step_fns(
+      model, tx, cfg.view, mesh,
+      host_cropped=isinstance(fit, sources.RandomCrops))
   key = jax.random.key(seed)
   top1, top5, losses = [], [], []
   total = cfg.epochs * steps_per_epoch
@@ -370,7 +376,10 @@ class LinearEval(base.Evaluator):
         cfg=self.recipe, num_classes=env.num_classes, seed=env.config.seed,
         eval_batch_size=env.config.eval.batch_size,
         num_workers=env.config.dataset.num_workers,
-        fit=sources.training_fit(env.config.dataset),
+        # The probe's crops come from the full image where pretraining's
+        # do (MoCo's main_lincls: RandomResizedCrop of the decoded image).
+        fit=sources.training_fit(env.config.dataset, (self.recipe.view,),
+                                 env.config.seed),
         bar_desc=f'linear evaluation ({self.cfg.preset})')
     names = {'top1_last': 'top1', 'top5_last': 'top5'}
     return {f'linear_eval_{names.get(k, k)}': v for k, v in out.items()

@@ -107,8 +107,7 @@ class Method(base.Method):
     if not 0. <= mc.momentum <= 1.:
       raise ValueError(f'config.moco.momentum={mc.momentum} must be in [0, 1].')
     base.momentum(config, base.Context(1, 1, 1, 1, 1.))   # Known kind?
-    if mc.shuffle_bn and num_devices == 1 and not config.model.get(
-        'bn_splits', 0):
+    if mc.shuffle_bn and num_devices == 1 and not config.model.bn_splits:
       logging.warning(
           'config.moco.shuffle_bn=True on one device: the key batch is '
           'normalised as a whole, so shuffle-BN changes nothing here (MoCo '
