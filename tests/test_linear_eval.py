@@ -11,9 +11,12 @@ import math
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
+from configs.papers import supcon
 from contrastive_jax import runtime
 from contrastive_jax.evaluators import linear_eval
 from input_pipeline import augment
@@ -213,3 +216,255 @@ def test_a_short_run_of_the_supcon_preset_follows_its_step_schedule():
              linear_eval.get_config('supcon', batch_size=16, epochs=2))
   assert np.isfinite(own['train_loss_last'])
   assert 0. <= own['top1_last'] <= 1.
+
+
+# SupCon's TF linear stage ('supcon_tf'): RMSProp, warmup + exponential
+# decay, label smoothing, L2-normalised features, a Glorot-uniform kernel.
+# The references are written here from the documented rules:
+# tf.compat.v1.train.RMSPropOptimizer (rmsprop.py: "mean_square = decay *
+# mean_square{t-1} + (1-decay) * gradient ** 2; mom = momentum * mom{t-1} +
+# learning_rate * g_t / sqrt(mean_square + epsilon); delta = - mom", the
+# mean square initialised to ones), the SupCon code's utils.py schedule and
+# tf.losses.softmax_cross_entropy's label smoothing.
+
+
+def _tf_schedule(step, *, lr, warmup_steps, decay_steps, rate):
+  """utils.py build_learning_rate_schedule with EXPONENTIAL: lr x step / W
+  during the warmup, then tf.train.exponential_decay(staircase=True) of the
+  steps counted from the warmup's end."""
+  if step < warmup_steps:
+    return lr * step / warmup_steps
+  return lr * rate ** math.floor((step - warmup_steps) / decay_steps)
+
+
+def test_the_supcon_tf_preset():
+  tf = linear_eval.PRESETS['supcon_tf']
+  assert (tf.optimizer, tf.lr, tf.batch_size, tf.epochs, tf.momentum,
+          tf.rmsprop_decay, tf.rmsprop_eps, tf.weight_decay, tf.schedule,
+          tf.warmup_epochs, tf.lr_decay, tf.epochs_per_decay,
+          tf.label_smoothing, tf.normalize_features, tf.classifier_init,
+          tf.nesterov) == (
+              'rmsprop', pytest.approx(0.05 * 6144 / 256), 6144, 90, 0.9, 0.9,
+              1e-3, 1e-6, 'exponential', 12., 0.97, 0.5, 0.05, True,
+              'glorot_uniform', False)
+  assert (tf.view.crop_scale, tf.view.flip_p, tf.view.autoaugment) == (
+      (0.08, 1.), 0.5, 'imagenet')
+  # configs/papers/supcon.py uses it at the ImageNet scale only.
+  assert supcon.get_config('imagenet').evals.linear_eval.preset == 'supcon_tf'
+  assert supcon.get_config('cifar10').evals.linear_eval.preset == 'supcon'
+  # Every field added for it defaults to the behaviour before it existed.
+  default = linear_eval.LinearEvalConfig()
+  assert (default.label_smoothing, default.normalize_features,
+          default.classifier_init, default.warmup_epochs,
+          default.epochs_per_decay) == (0., False, 'zeros', 0., 0.)
+
+
+def test_the_exponential_schedule_is_the_tf_codes_closed_form():
+  # 10 steps per epoch: 120 warmup steps, then x0.97 every 5 steps.
+  sched = linear_eval.learning_rate(linear_eval.PRESETS['supcon_tf'],
+                                    steps_per_epoch=10)
+  by_hand = {0: 0., 1: 1.2 / 120, 60: 0.6, 119: 1.2 * 119 / 120, 120: 1.2,
+             124: 1.2, 125: 1.2 * 0.97, 129: 1.2 * 0.97,
+             130: 1.2 * 0.97 ** 2, 899: 1.2 * 0.97 ** 155}
+  for step, want in by_hand.items():
+    assert float(sched(step)) == pytest.approx(want, rel=1e-5, abs=1e-9), step
+  # A fractional decay period (7 steps per epoch: 3.5 steps) and warmup
+  # (12 x 7 = 84 steps), and the batch-rescaled lr.
+  cfg = linear_eval.get_config('supcon_tf', batch_size=256)
+  assert cfg.lr == pytest.approx(0.05)
+  sched = linear_eval.learning_rate(cfg, steps_per_epoch=7)
+  for step in (0, 5, 83, 84, 87, 88, 90, 91, 92, 95, 629):
+    assert float(sched(step)) == pytest.approx(_tf_schedule(
+        step, lr=0.05, warmup_steps=84, decay_steps=3.5, rate=0.97),
+                                               rel=1e-5, abs=1e-9), step
+  # A non-integer warmup is floored (TF casts W x steps per epoch to the
+  # step's integer type); without warmup the decay starts at step 0.
+  cfg = dataclasses.replace(cfg, warmup_epochs=0.5)
+  sched = linear_eval.learning_rate(cfg, steps_per_epoch=7)
+  assert [float(sched(s)) for s in (2, 3)] == pytest.approx(
+      [0.05 * 2 / 3, 0.05])
+  cfg = dataclasses.replace(cfg, warmup_epochs=0., lr_decay=0.5)
+  sched = linear_eval.learning_rate(cfg, steps_per_epoch=7)
+  assert [float(sched(s)) for s in (0, 3, 4, 7, 10, 11)] == pytest.approx(
+      [0.05, 0.05, 0.025, 0.0125, 0.0125, 0.00625])
+
+
+def _tf_rmsprop(w0, grads, lrs, *, decay, momentum, eps, weight_decay,
+                ms0=1.0, eps_in_sqrt=True):
+  """TF 1's RMSPropOptimizer on the loss + weight_decay x sum(w^2) / 2."""
+  w = np.array(w0, np.float64)
+  ms, mom = np.full_like(w, ms0), np.zeros_like(w)
+  for g, lr in zip(grads, lrs):
+    g = g + weight_decay * w
+    ms = decay * ms + (1 - decay) * g ** 2
+    denom = np.sqrt(ms + eps) if eps_in_sqrt else np.sqrt(ms) + eps
+    mom = momentum * mom + lr * g / denom
+    w = w - mom
+  return w
+
+
+def test_rmsprop_is_tf1s_rmsprop_update():
+  cfg = dataclasses.replace(
+      linear_eval.PRESETS['supcon_tf'], lr=0.05, warmup_epochs=1.,
+      epochs_per_decay=1., lr_decay=0.8, weight_decay=0.1, rmsprop_eps=0.3)
+  steps_per_epoch = 4
+  tx = linear_eval.optimizer(cfg, steps_per_epoch)
+  rng = np.random.default_rng(0)
+  w0 = rng.normal(size=(5, 3))
+  grads = [rng.normal(scale=0.7, size=(5, 3)) for _ in range(14)]
+  lrs = [_tf_schedule(s, lr=0.05, warmup_steps=4, decay_steps=4, rate=0.8)
+         for s in range(14)]
+  params = {'w': jnp.asarray(w0, jnp.float32)}
+  state = tx.init(params)
+  for g in grads:
+    updates, state = tx.update({'w': jnp.asarray(g, jnp.float32)}, state,
+                               params)
+    params = optax.apply_updates(params, updates)
+  kw = dict(decay=0.9, momentum=0.9, eps=0.3, weight_decay=0.1)
+  want = _tf_rmsprop(w0, grads, lrs, **kw)
+  got = np.asarray(params['w'])
+  moved = np.abs(want - w0).max()
+  np.testing.assert_allclose(got, want, atol=1e-5 * moved)
+  # The reference is sensitive to what it pins: eps outside the root, a
+  # mean square starting at 0 (Keras / optax's default) or no momentum
+  # ends elsewhere.
+  for other in (dict(kw, eps_in_sqrt=False), dict(kw, ms0=0.),
+                dict(kw, momentum=0.)):
+    assert np.abs(_tf_rmsprop(w0, grads, lrs, **other) - got).max() > (
+        100 * 1e-5 * moved), other
+
+
+def test_label_smoothed_cross_entropy_matches_numpy():
+  rng = np.random.default_rng(1)
+  logits = rng.normal(scale=3., size=(6, 5))
+  labels = rng.integers(0, 5, 6)
+  for a in (0., 0.05, 0.3):
+    targets = (1 - a) * np.eye(5)[labels] + a / 5
+    z = logits - logits.max(1, keepdims=True)
+    log_p = z - np.log(np.exp(z).sum(1, keepdims=True))
+    want = -(targets * log_p).sum(1)
+    got = linear_eval.cross_entropy(jnp.asarray(logits, jnp.float32),
+                                    jnp.asarray(labels), a)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_glorot_uniform_classifier_and_the_zero_one():
+  cfg = linear_eval.PRESETS['supcon_tf']
+  init = jax.device_get(linear_eval.init_classifier(cfg, 3, 2048, 1000))
+  limit = math.sqrt(6 / (2048 + 1000))     # TF's glorot_uniform bound
+  assert init['w'].shape == (2048, 1000) and np.all(init['b'] == 0)
+  assert np.abs(init['w']).max() <= limit
+  assert np.abs(init['w']).max() > 0.999 * limit
+  assert init['w'].var() == pytest.approx(limit ** 2 / 3, rel=0.01)
+  assert abs(init['w'].mean()) < 1e-3 * limit
+  again = jax.device_get(linear_eval.init_classifier(cfg, 3, 2048, 1000))
+  np.testing.assert_array_equal(again['w'], init['w'])
+  zeros = jax.device_get(linear_eval.init_classifier(
+      linear_eval.PRESETS['simclr'], 3, 16, 3))
+  assert not np.any(zeros['w']) and not np.any(zeros['b'])
+
+
+def test_the_new_fields_are_checked():
+  cases = [(dict(optimizer='lamb'), 'optimizer must be one of'),
+           (dict(schedule='linear'), 'schedule must be one of'),
+           (dict(optimizer='rmsprop', nesterov=True), 'nesterov applies'),
+           (dict(schedule='exponential'), 'needs epochs_per_decay > 0'),
+           (dict(epochs_per_decay=0.5), "to the 'exponential' schedule only"),
+           (dict(schedule='cosine', warmup_epochs=5.),
+            "for the 'exponential' schedule only"),
+           (dict(schedule='exponential', epochs_per_decay=1.,
+                 warmup_epochs=-1.), 'warmup_epochs must be >= 0'),
+           (dict(label_smoothing=1.0), r'label_smoothing must be in \[0, 1\)'),
+           (dict(label_smoothing=-0.1), 'label_smoothing must be in'),
+           (dict(rmsprop_eps=0.), 'rmsprop_eps must be > 0'),
+           (dict(rmsprop_decay=1.), 'rmsprop_decay must be in'),
+           (dict(classifier_init='normal'), 'classifier_init must be one of'),
+           (dict(lr_decay=0.), 'lr_decay must be > 0')]
+  for fields, match in cases:
+    with pytest.raises(ValueError, match=match):
+      linear_eval.LinearEvalConfig(**fields)
+  with pytest.raises(ValueError, match='needs epochs_per_decay'):
+    dataclasses.replace(linear_eval.PRESETS['supcon_tf'], epochs_per_decay=0.)
+
+
+def _numpy_supcon_tf(train, cfg, w0, steps_per_epoch, *, normalize=True,
+                     smoothing=None):
+  """The TF stage 2 on the flipped pixels: L2-normalised features, the
+  label-smoothed cross-entropy, TF 1's RMSProp on the loss + wd sum(w^2)/2
+  over kernel and bias, the warmup + exponential schedule."""
+  a = cfg.label_smoothing if smoothing is None else smoothing
+  x = train.images.astype(np.float64)[:, :, ::-1].reshape(N, -1) / 255.
+  if normalize:
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)
+  y = train.labels
+  params = [np.array(w0, np.float64), np.zeros(C)]
+  ms = [np.ones_like(p) for p in params]
+  mom = [np.zeros_like(p) for p in params]
+  warmup = int(cfg.warmup_epochs * steps_per_epoch)
+  step = 0
+  for epoch in range(cfg.epochs):
+    order = np.random.default_rng([SEED, epoch]).permutation(N)
+    for i in range(steps_per_epoch):
+      idx = order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
+      w, b = params
+      logits = x[idx] @ w + b
+      p = np.exp(logits - logits.max(1, keepdims=True))
+      p /= p.sum(1, keepdims=True)
+      targets = (1 - a) * np.eye(C)[y[idx]] + a / C
+      resid = (p - targets) / len(idx)
+      grads = [x[idx].T @ resid, resid.sum(0)]
+      lr = _tf_schedule(step, lr=cfg.lr, warmup_steps=warmup,
+                        decay_steps=cfg.epochs_per_decay * steps_per_epoch,
+                        rate=cfg.lr_decay)
+      for k in range(2):
+        g = grads[k] + cfg.weight_decay * params[k]
+        ms[k] = cfg.rmsprop_decay * ms[k] + (1 - cfg.rmsprop_decay) * g ** 2
+        mom[k] = cfg.momentum * mom[k] + lr * g / np.sqrt(
+            ms[k] + cfg.rmsprop_eps)
+        params[k] = params[k] - mom[k]
+      step += 1
+  return params
+
+
+def test_a_short_run_of_the_supcon_tf_preset_matches_numpy():
+  # 'supcon_tf' at batch 16, shortened to 4 epochs of 3 steps: 1 warmup
+  # epoch, then x0.5 every half epoch (1.5 steps); a larger lr and weight
+  # decay so that every term moves the classifier; every training image
+  # flipped and not cropped, so that numpy can replay the run. The kernel
+  # starts from the run's Glorot-uniform draw (`init_classifier`, tested
+  # above).
+  cfg = dataclasses.replace(
+      linear_eval.get_config('supcon_tf', batch_size=16, epochs=4),
+      lr=0.05, warmup_epochs=1., epochs_per_decay=0.5, lr_decay=0.5,
+      weight_decay=0.01, label_smoothing=0.2,
+      view=augment.ViewConfig(crop_scale=None, flip_p=1.0))
+  out = _run(runtime.create_mesh(), cfg)
+  w0 = np.asarray(jax.device_get(linear_eval.init_classifier(
+      cfg, SEED, HW * HW, C))['w'])
+  assert np.abs(w0).max() > 0.1                 # Glorot, not zeros.
+  w, b = _numpy_supcon_tf(_data(0, N), cfg, w0, steps_per_epoch=N // 16)
+  got = jax.device_get(out['classifier'])
+  moved = np.abs(w - w0).max()
+  np.testing.assert_allclose(got['w'], w, atol=1e-4 * moved)
+  np.testing.assert_allclose(got['b'], b, atol=1e-4 * moved)
+  # Unnormalised features or no label smoothing end elsewhere: the run
+  # used both.
+  for kw in (dict(normalize=False), dict(smoothing=0.)):
+    w_other, _ = _numpy_supcon_tf(_data(0, N), cfg, w0,
+                                  steps_per_epoch=N // 16, **kw)
+    assert np.abs(w_other - w).max() > 100 * 1e-4 * moved, kw
+  assert np.isfinite(out['train_loss_last'])
+
+
+def test_the_supcon_tf_preset_runs_with_its_own_augmentation():
+  # Crop 0.08-1, flip and AutoAugment's ImageNet policy on 3-channel images.
+  rng = np.random.default_rng(2)
+  images = rng.integers(0, 256, (32, 16, 16, 3)).astype(np.uint8)
+  train = pipeline.ArrayDataset(images, rng.integers(0, C, 32))
+  test = pipeline.ArrayDataset(images[:16], rng.integers(0, C, 16))
+  out = linear_eval.linear_evaluation(
+      Pixels(), {}, train, test, runtime.create_mesh(),
+      cfg=linear_eval.get_config('supcon_tf', batch_size=16, epochs=1),
+      num_classes=C, seed=SEED, eval_batch_size=16)
+  assert np.isfinite(out['train_loss_last'])
+  assert 0. <= out['top1_last'] <= 1.

@@ -45,6 +45,11 @@ VIEW_FIELDS = ('crop_scale', 'flip_p', 'jitter', 'jitter_p', 'grayscale_p',
                'blur_p', 'solarize_p')
 OPTIONAL_VIEW_FIELDS = ('crop_ratio', 'pad_crop', 'autoaugment',
                         'autoaugment_impl', 'erase_p', 'size')
+# LinearEvalConfig fields pinned only when a linear-evaluation preset sets
+# them away from their default (SupCon's TF stage 2), as the optional view
+# fields: setting one in a preset fails until the table has its row.
+OPTIONAL_LINEAR_FIELDS = ('label_smoothing', 'normalize_features',
+                          'classifier_init')
 # The order in which augment.augment_image applies the ops.
 
 def _plain(x):
@@ -188,15 +193,30 @@ def hyperparameters(config) -> dict:
     if probe.optimizer == 'sgd':
       h['linear_eval.momentum'] = probe.momentum
       h['linear_eval.nesterov'] = probe.nesterov
-    else:
+    elif probe.optimizer == 'adam':
       h['linear_eval.adam_betas'] = [probe.adam_b1, probe.adam_b2]
+    else:
+      assert probe.optimizer == 'rmsprop', probe.optimizer
+      h['linear_eval.momentum'] = probe.momentum
+      h['linear_eval.rmsprop_decay'] = probe.rmsprop_decay
+      h['linear_eval.rmsprop_eps'] = probe.rmsprop_eps
     if probe.schedule == 'step':
       h['linear_eval.milestones'] = _plain(probe.milestones)
       h['linear_eval.lr_decay'] = probe.lr_decay
     if probe.schedule == 'cosine':
       h['linear_eval.cosine_final'] = probe.cosine_final
+    if probe.schedule == 'exponential':
+      h['linear_eval.warmup_epochs'] = probe.warmup_epochs
+      h['linear_eval.lr_decay'] = probe.lr_decay
+      h['linear_eval.epochs_per_decay'] = probe.epochs_per_decay
     if probe.view.pad_crop:
       h['linear_eval.pad_crop'] = probe.view.pad_crop
+    if probe.view.autoaugment:
+      h['linear_eval.autoaugment'] = probe.view.autoaugment
+    recipe_default = linear_eval.LinearEvalConfig()
+    for field in OPTIONAL_LINEAR_FIELDS:
+      if getattr(probe, field) != getattr(recipe_default, field):
+        h[f'linear_eval.{field}'] = getattr(probe, field)
   return h
 
 

@@ -10,10 +10,12 @@ imagenet: the authors' TF code (google-research supcon/scripts/
 supcon_imagenet_resnet50.sh): ResNet-50, tau 0.1, L_out with the loss scaled
 by tau, a linear 128-d head, LARS at batch 6144 (lr 0.4 x B / 256 = 9.6,
 weight decay 1e-3, 12 warmup epochs, cosine) for 350 epochs, AutoAugment
-(torchvision's ImageNet policy; the code's is TF's 'v0'). Not expressed here:
-the code L2-normalises the encoder output before the head and the classifier,
-and its linear stage is RMSProp with exponential decay and label smoothing
-0.05 (SimCLR's linear evaluation is used instead).
+(torchvision's ImageNet policy; the code's is TF's 'v0'), and its linear stage
+(preset 'supcon_tf': RMSProp at batch 6144, 12 warmup epochs then x0.97
+every half epoch, label smoothing 0.05, on the L2-normalised encoder
+output). Not expressed here: the code also L2-normalises the encoder output
+before the projection head, and runs the frozen encoder's BatchNorm on batch
+statistics in its linear stage.
 cifar10 / cifar100: SupContrast's CIFAR command (batch 1024, SGD lr 0.5, 10
 warmup epochs from 0.01, cosine, tau 0.1) with ResNet-18 for 200 epochs,
 and its linear evaluation (main_linear.py: SGD lr 5 at batch 512, step decay).
@@ -64,6 +66,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.augment.overrides = ({'autoaugment': 'imagenet',
                                  'jitter_strength': 0., 'jitter_p': 0.,
                                  'grayscale_p': 0., 'blur_p': 0.},)
+    # Stage 2 of the same script (launcher.py, --stage_2_* flags): the
+    # 'supcon_tf' preset (its values and sources in linear_eval.py).
+    config.evals.linear_eval = common.linear_eval('supcon_tf')
   else:
     common.sgd_cifar(config, batch_size=1024)
     config.optimizer.base_learning_rate = 0.5 * 256 / 1024

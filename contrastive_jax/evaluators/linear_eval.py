@@ -1,15 +1,17 @@
-"""The papers' linear evaluation: SGD on augmented images, frozen encoder.
+"""The papers' linear evaluation: SGD (or Adam, RMSProp) on augmented images,
+frozen encoder.
 
-SimCLR (Appendix B.5), MoCo (Sec. 4.1), CACR, TCL and MACL report a linear
-classifier trained on the frozen encoder's features of *augmented* training
-images (random resized crop + flip, or the paper's crop), scored on the
+SimCLR (Appendix B.5), MoCo (Sec. 4.1), SupCon, CACR, TCL and MACL report a
+linear classifier trained on the frozen encoder's features of *augmented*
+training images (random resized crop + flip, or the paper's crop), scored on the
 un-augmented evaluation images (the sources' centre crops). This module runs
 that protocol streamed, on any mesh and any number of processes:
 
 * each step reads this process's part of a global batch
   (`pipeline.TrainBatches`: the order is a pure function of seed and step),
   augments it on the devices with the preset's `ViewConfig`, runs the encoder
-  in eval mode (BatchNorm running statistics) under stop_gradient, and updates
+  in eval mode (BatchNorm running statistics) under stop_gradient (and
+  L2-normalises the features where the preset says so), and updates
   the replicated [F, C] classifier (data-parallel: the batch is sharded over
   every device of every host, the gradient is a mean over the global batch);
 * after every epoch the evaluation split is scored in `eval_batches` (each
@@ -42,6 +44,10 @@ from input_pipeline import augment
 from input_pipeline import pipeline
 from input_pipeline import sources
 
+OPTIMIZERS = ('sgd', 'adam', 'rmsprop')
+SCHEDULES = ('constant', 'cosine', 'step', 'exponential')
+CLASSIFIER_INITS = ('zeros', 'glorot_uniform')
+
 
 @dataclasses.dataclass(frozen=True)
 class LinearEvalConfig:
@@ -51,22 +57,86 @@ class LinearEvalConfig:
   linearly (Goyal et al. 2017), as the papers that state lr = base x B / 256
   do. `view` is the training-image augmentation (crop, flip); evaluation
   images are never augmented.
+
+  'rmsprop' is TensorFlow 1's `tf.compat.v1.train.RMSPropOptimizer` (the
+  SupCon TF code's): mean square ms initialised to 1, ms <- d ms + (1 - d)
+  g^2, mom <- momentum mom + lr g / sqrt(ms + eps) (eps inside the root, the
+  learning rate inside the momentum), w <- w - mom. The 'exponential'
+  schedule is TF's `exponential_decay(staircase=True)` after a linear warmup
+  from 0 (the SupCon code's utils.py `build_learning_rate_schedule`): with
+  W = floor(warmup_epochs x steps per epoch) warmup steps, lr x step / W
+  for step < W, then lr x lr_decay ^ floor((step - W) / (epochs_per_decay x
+  steps per epoch)), the decay counted from the warmup's end.
+
+  Every field's default is the behaviour before the field existed; the
+  dataclass checks its values when built (ValueError).
   """
-  optimizer: str = 'sgd'            # 'sgd' or 'adam'
+  optimizer: str = 'sgd'            # 'sgd', 'adam' or 'rmsprop'
   lr: float = 0.1
   epochs: int = 100
   batch_size: int = 256
-  momentum: float = 0.9             # SGD only (PyTorch-style heavy ball)
+  momentum: float = 0.9             # SGD (PyTorch-style heavy ball), RMSProp
   nesterov: bool = False            # SGD only
   adam_b1: float = 0.9              # Adam only
   adam_b2: float = 0.999
+  rmsprop_decay: float = 0.9        # RMSProp only: the mean square's decay
+  rmsprop_eps: float = 1e-10        # RMSProp only (TF 1's default), in sqrt
   weight_decay: float = 0.0         # coupled L2 (PyTorch weight_decay)
-  schedule: str = 'constant'        # 'constant', 'cosine' or 'step'
+  schedule: str = 'constant'        # 'constant', 'cosine', 'step' or
+                                    # 'exponential'
   milestones: tuple[int, ...] = ()  # epochs at which 'step' decays
-  lr_decay: float = 0.1             # 'step' multiplier per milestone
+  lr_decay: float = 0.1             # 'step': x per milestone; 'exponential':
+                                    # x per epochs_per_decay
   cosine_final: float = 0.0         # 'cosine' final lr as a fraction of lr
+  epochs_per_decay: float = 0.0     # 'exponential' only (> 0 there)
+  warmup_epochs: float = 0.0        # 'exponential' only: linear from 0
+  label_smoothing: float = 0.0      # targets (1 - a) one_hot + a / C
+  normalize_features: bool = False  # L2-normalise the features first
+  classifier_init: str = 'zeros'    # 'zeros' or 'glorot_uniform' (kernel)
   view: augment.ViewConfig = augment.ViewConfig(crop_scale=(0.08, 1.),
                                                 flip_p=0.5)
+
+  def __post_init__(self):
+    if self.optimizer not in OPTIMIZERS:
+      raise ValueError(f'linear evaluation optimizer must be one of '
+                       f'{OPTIMIZERS}; got {self.optimizer!r}.')
+    if self.schedule not in SCHEDULES:
+      raise ValueError(f'linear evaluation schedule must be one of '
+                       f'{SCHEDULES}; got {self.schedule!r}.')
+    if self.nesterov and self.optimizer != 'sgd':
+      raise ValueError('nesterov applies to the sgd optimizer only; got '
+                       f'optimizer {self.optimizer!r} with nesterov=True.')
+    if not 0. <= self.momentum < 1.:
+      raise ValueError(f'momentum must be in [0, 1); got {self.momentum}.')
+    if not 0. <= self.rmsprop_decay < 1.:
+      raise ValueError('rmsprop_decay must be in [0, 1); got '
+                       f'{self.rmsprop_decay}.')
+    if not self.rmsprop_eps > 0.:
+      raise ValueError(f'rmsprop_eps must be > 0; got {self.rmsprop_eps}.')
+    if self.weight_decay < 0.:
+      raise ValueError(f'weight_decay must be >= 0; got {self.weight_decay}.')
+    if not self.lr_decay > 0.:
+      raise ValueError(f'lr_decay must be > 0; got {self.lr_decay}.')
+    if self.schedule == 'exponential':
+      if not self.epochs_per_decay > 0.:
+        raise ValueError("the 'exponential' schedule needs epochs_per_decay "
+                         f'> 0; got {self.epochs_per_decay}.')
+    elif self.epochs_per_decay:
+      raise ValueError("epochs_per_decay applies to the 'exponential' "
+                       f'schedule only; got schedule {self.schedule!r} with '
+                       f'epochs_per_decay={self.epochs_per_decay}.')
+    if self.warmup_epochs < 0.:
+      raise ValueError(f'warmup_epochs must be >= 0; got {self.warmup_epochs}.')
+    if self.warmup_epochs and self.schedule != 'exponential':
+      raise ValueError("warmup_epochs is implemented for the 'exponential' "
+                       f'schedule only; got schedule {self.schedule!r} with '
+                       f'warmup_epochs={self.warmup_epochs}.')
+    if not 0. <= self.label_smoothing < 1.:
+      raise ValueError('label_smoothing must be in [0, 1); got '
+                       f'{self.label_smoothing}.')
+    if self.classifier_init not in CLASSIFIER_INITS:
+      raise ValueError(f'classifier_init must be one of {CLASSIFIER_INITS}; '
+                       f'got {self.classifier_init!r}.')
 
 
 _CROP_FLIP = augment.ViewConfig(crop_scale=(0.08, 1.), flip_p=0.5)
@@ -132,6 +202,30 @@ PRESETS: dict[str, LinearEvalConfig] = {
                         momentum=0.9, schedule='constant',
                         view=augment.ViewConfig(crop_scale=(0.2, 1.),
                                                 flip_p=0.5)),
+    # SupCon's ImageNet linear stage, the authors' TF code (google-research
+    # supcon/scripts/supcon_imagenet_resnet50.sh with configs.sh; stage 2 of
+    # launcher.py): RMSProp (utils.py build_optimizer: decay 0.9, momentum
+    # 0.9, --stage_2_rmsprop_epsilon 1e-3) at lr 0.05 x 6144 / 256, 90
+    # epochs, 12 warmup epochs from 0 (--stage_2_warmup_epochs default),
+    # then x0.97 every 0.5 epoch (EXPONENTIAL, staircase), L2 1e-6 on the
+    # classifier's kernel and bias (coeff x tf.nn.l2_loss: gradient coeff x
+    # w), label smoothing 0.05 (IMAGENET_FLAGS), the L2-normalised encoder
+    # output (--normalize_embedding=True: models.py classification input),
+    # a Glorot-uniform kernel (--zero_initialize_classifier=False), and the
+    # pretraining's training images: distorted crop 0.08-1, flip,
+    # AutoAugment (torchvision's ImageNet policy here; the code's is TF's
+    # 'v0', as in configs/papers/supcon.py). Not expressed: the code runs
+    # the frozen encoder's BatchNorm on batch statistics in stage 2
+    # (training=True, moving averages not updated; here eval mode), and
+    # its epochs are fractional (1281167 / 6144 steps, here whole steps).
+    'supcon_tf': LinearEvalConfig(
+        optimizer='rmsprop', lr=1.2, epochs=90, batch_size=6144, momentum=0.9,
+        rmsprop_decay=0.9, rmsprop_eps=1e-3, weight_decay=1e-6,
+        schedule='exponential', warmup_epochs=12., lr_decay=0.97,
+        epochs_per_decay=0.5, label_smoothing=0.05, normalize_features=True,
+        classifier_init='glorot_uniform',
+        view=augment.ViewConfig(crop_scale=(0.08, 1.), flip_p=0.5,
+                                autoaugment='imagenet')),
 }
 
 
@@ -153,6 +247,25 @@ def get_config(preset: str, *, epochs: int = 0,
   return cfg
 
 
+def _exponential(cfg: LinearEvalConfig,
+                 steps_per_epoch: int) -> optax.Schedule:
+  """The SupCon TF code's warmup then staircase exponential decay (see
+  LinearEvalConfig): utils.py `maybe_add_warmup_to_lr` over
+  `exponential_decay`, the decay's step counted from the warmup's end."""
+  warmup = int(cfg.warmup_epochs * steps_per_epoch)
+  decay_steps = cfg.epochs_per_decay * steps_per_epoch
+
+  def schedule(step):
+    step = jnp.asarray(step, jnp.float32)
+    decayed = cfg.lr * jnp.power(cfg.lr_decay,
+                                 jnp.floor((step - warmup) / decay_steps))
+    if not warmup:
+      return decayed
+    return jnp.where(step < warmup, cfg.lr * step / warmup, decayed)
+
+  return schedule
+
+
 def learning_rate(cfg: LinearEvalConfig, steps_per_epoch: int) -> optax.Schedule:
   """Step -> learning rate of `cfg` ('step' milestones are in epochs)."""
   total = cfg.epochs * steps_per_epoch
@@ -164,49 +277,104 @@ def learning_rate(cfg: LinearEvalConfig, steps_per_epoch: int) -> optax.Schedule
   if cfg.schedule == 'step':
     return optax.piecewise_constant_schedule(
         cfg.lr, {m * steps_per_epoch: cfg.lr_decay for m in cfg.milestones})
-  raise ValueError(f"schedule must be 'constant', 'cosine' or 'step'; got "
+  if cfg.schedule == 'exponential':
+    return _exponential(cfg, steps_per_epoch)
+  raise ValueError(f'schedule must be one of {SCHEDULES}; got '
                    f'{cfg.schedule!r}.')
 
 
 def optimizer(cfg: LinearEvalConfig,
               steps_per_epoch: int) -> optax.GradientTransformation:
   """The preset's optimizer, with PyTorch's coupled L2 `weight_decay` (the
-  papers' code) added to the gradient first."""
+  papers' code) added to the gradient first: the gradient of weight_decay x
+  sum(w^2) / 2 over the kernel and the bias, which is also what the SupCon
+  TF code's loss term weight_decay x tf.nn.l2_loss adds."""
   lr = learning_rate(cfg, steps_per_epoch)
   decay = optax.add_decayed_weights(cfg.weight_decay)
   if cfg.optimizer == 'sgd':
     opt = optax.sgd(lr, momentum=cfg.momentum or None, nesterov=cfg.nesterov)
   elif cfg.optimizer == 'adam':
     opt = optax.adam(lr, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=1e-8)
+  elif cfg.optimizer == 'rmsprop':
+    # TF 1's RMSPropOptimizer: mean square initialised to ones, eps inside
+    # the square root, the (scheduled) lr applied before the momentum.
+    opt = optax.rmsprop(lr, decay=cfg.rmsprop_decay, eps=cfg.rmsprop_eps,
+                        initial_scale=1.0, eps_in_sqrt=True,
+                        momentum=cfg.momentum or None)
   else:
-    raise ValueError(f"optimizer must be 'sgd' or 'adam'; got "
+    raise ValueError(f'optimizer must be one of {OPTIMIZERS}; got '
                      f'{cfg.optimizer!r}.')
   return optax.chain(decay, opt)
 
 
-def _frozen_features(model, variables, images):
-  """Eval-mode encoder features [B, F] float32, no gradient to the encoder."""
+def _frozen_features(model, variables, images, normalize: bool = False):
+  """Eval-mode encoder features [B, F] float32, no gradient to the encoder;
+  with `normalize`, each row divided by its L2 norm (floored at 1e-6, i.e.
+  tf.nn.l2_normalize's epsilon 1e-12 on the squared norm)."""
   out = model.apply(variables, images, train=False)
   # The encoder is frozen: the classifier's loss must not train it.
-  return jax.lax.stop_gradient(out['features'].astype(jnp.float32))
+  features = jax.lax.stop_gradient(out['features'].astype(jnp.float32))
+  if normalize:
+    features = features * jax.lax.rsqrt(jnp.maximum(
+        jnp.sum(features * features, axis=-1, keepdims=True), 1e-12))
+  return features
 
 
 def _logits(params, features):
   return features @ params['w'] + params['b']
 
 
-def make_step_fns(model, tx, view: augment.ViewConfig, mesh, *,
+def cross_entropy(logits, labels, label_smoothing: float = 0.0):
+  """Per-example softmax cross-entropy [B] against integer labels, the
+  targets smoothed to (1 - a) one_hot + a / C when a = label_smoothing > 0
+  (tf.losses.softmax_cross_entropy's `label_smoothing`)."""
+  if not label_smoothing:
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  targets = optax.smooth_labels(
+      jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype),
+      label_smoothing)
+  return optax.softmax_cross_entropy(logits, targets)
+
+
+# The classifier's initialisation reads its own stream of the seed's key
+# (the augmentation of step s reads fold_in(key, s), s below this).
+_INIT_STREAM = 2**31 - 1
+
+
+def init_classifier(cfg: LinearEvalConfig, seed: int, feature_dim: int,
+                    num_classes: int) -> dict[str, jax.Array]:
+  """{'w': [F, C], 'b': [C]}, what `linear_evaluation(seed=seed)` starts
+  from: the bias zero, the kernel zero (MoCo's code) or Glorot-uniform,
+  U(-l, l) with l = sqrt(6 / (F + C)) (TF's and Keras' glorot_uniform, the
+  SupCon TF code's Dense)."""
+  if cfg.classifier_init == 'zeros':
+    w = jnp.zeros((feature_dim, num_classes), jnp.float32)
+  elif cfg.classifier_init == 'glorot_uniform':
+    key = jax.random.fold_in(jax.random.key(seed), _INIT_STREAM)
+    w = jax.nn.initializers.glorot_uniform()(
+        key, (feature_dim, num_classes), jnp.float32)
+  else:
+    raise ValueError(f'classifier_init must be one of {CLASSIFIER_INITS}; '
+                     f'got {cfg.classifier_init!r}.')
+  return {'w': w, 'b': jnp.zeros((num_classes,), jnp.float32)}
+
+
+def make_step_fns(model, tx, cfg: LinearEvalConfig, mesh, *,
                   host_cropped: bool = False):
   """(train_step, eval_counts), jitted with explicit shardings.
 
   train_step(params, opt_state, variables, images uint8 [B,H,W,C] ([B,1,H,W,C]
   with `host_cropped`: the view's random resized crop cut by the host,
   `sources.RandomCrops`), labels [B], rng) -> (params, opt_state, loss): one
-  step on the augmented batch. eval_counts(params, variables, images, labels, mask) -> (top-1
-  correct, top-5 correct, count), int32 scalars over the global batch.
+  optimizer step on the batch
+  augmented with `cfg.view`, the loss the (label-smoothed) cross-entropy.
+  eval_counts(params, variables, images, labels, mask) -> (top-1 correct,
+  top-5 correct, count), int32 scalars over the global batch. Both read the
+  features L2-normalised when `cfg.normalize_features`.
   """
   replicated = NamedSharding(mesh, P())
   rows = NamedSharding(mesh, P('data'))
+  view, normalize = cfg.view, cfg.normalize_features
 
   @functools.partial(
       jax.jit, in_shardings=(replicated, replicated, replicated, rows, rows,
@@ -216,12 +384,11 @@ def make_step_fns(model, tx, view: augment.ViewConfig, mesh, *,
   def train_step(params, opt_state, variables, images, labels, rng):
     x = augment.augment_groups(rng, images, (view,),
                                host_cropped=host_cropped)[0][:, 0]
-    features = _frozen_features(model, variables, x)
+    features = _frozen_features(model, variables, x, normalize)
 
     def loss_fn(p):
-      ce = optax.softmax_cross_entropy_with_integer_labels(
-          _logits(p, features), labels)
-      return jnp.mean(ce)
+      return jnp.mean(cross_entropy(_logits(p, features), labels,
+                                    cfg.label_smoothing))
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = tx.update(grads, opt_state, params)
@@ -232,7 +399,7 @@ def make_step_fns(model, tx, view: augment.ViewConfig, mesh, *,
       out_shardings=replicated)
   def eval_counts(params, variables, images, labels, mask):
     features = _frozen_features(model, variables,
-                                images.astype(jnp.float32) / 255.)
+                                images.astype(jnp.float32) / 255., normalize)
     logits = _logits(params, features)
     top5 = jax.lax.top_k(logits, min(5, logits.shape[-1]))[1]
     hit1 = top5[:, 0] == labels
@@ -269,8 +436,11 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
   Returns:
     {'top1_last', 'top5_last', 'top1_best', 'best_epoch' (1-based),
     'train_loss_last' (mean over the last epoch's steps), 'top1_per_epoch',
-    'seconds', 'classifier' ({'w': [F, C], 'b': [C]}, replicated)}. `top1_best` selects on the evaluation split, as some papers'
-    code does (CACR prints it); `top1_last` is the honest number.
+    'seconds', 'classifier' ({'w': [F, C], 'b': [C]}, replicated; it reads
+    the L2-normalised features when `cfg.normalize_features`)}. `top1_best`
+    selects on the evaluation split, as some papers' code does (CACR prints
+    it); `top1_last` is the honest number. 'train_loss_last' is the
+    label-smoothed cross-entropy when `cfg.label_smoothing` > 0.
   """
   t0 = time.time()
   if cfg.epochs < 1:
@@ -289,15 +459,13 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
       lambda x: model.apply(variables, x, train=False)['features'],
       jax.ShapeDtypeStruct((1,) + tuple(train_source.image_shape),
                            jnp.float32)).shape[-1]
-  # Zero-initialised, as the MoCo code's classifier; replicated on the mesh.
+  # `cfg.classifier_init` (zeros: the MoCo code's); replicated on the mesh.
   replicated = NamedSharding(mesh, P())
-  params = jax.device_put({
-      'w': jnp.zeros((feature_dim, num_classes), jnp.float32),
-      'b': jnp.zeros((num_classes,), jnp.float32)}, replicated)
+  params = jax.device_put(
+      init_classifier(cfg, seed, feature_dim, num_classes), replicated)
   opt_state = jax.jit(tx.init, out_shardings=replicated)(params)
   train_step, eval_counts = make_step_fns(
-      model, tx, cfg.view, mesh,
-      host_cropped=isinstance(fit, sources.RandomCrops))
+      model, tx, cfg, mesh, host_cropped=isinstance(fit, sources.RandomCrops))
   key = jax.random.key(seed)
   top1, top5, losses = [], [], []
   total = cfg.epochs * steps_per_epoch
