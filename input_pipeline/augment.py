@@ -47,7 +47,8 @@ class ViewConfig:
     autoaugment_impl: whose conventions AutoAugment follows: 'torchvision'
       (magnitude = the bin's value with a random sign, nearest-neighbour
       warps) or 'pytorch_auto_augment' (the port the TCL code uses:
-      magnitudes uniform within the bin, bilinear warps).
+      magnitudes uniform within the bin, cubic-spline warps rounded to
+      8-bit levels).
     jitter_strength: colour-jitter strength s, SimCLR's shorthand for the
       amounts (brightness, contrast, saturation, hue) = (0.8 s, 0.8 s, 0.8 s,
       0.2 s); used when `jitter` is None.
@@ -505,54 +506,162 @@ def autoaugment_grids(height: int, width: int) -> np.ndarray:
                   ).astype(np.float32)
 
 
-def _affine_bilinear(image, matrix):
-  """Bilinear affine warp with fill 0, in pixel-index coordinates.
+# The cubic B-spline (Unser 1999, "Splines: a perfect fit for signal and
+# image processing"): the interpolant sum_k c[k] beta3(t - k) passes through
+# the samples when the coefficients c are the samples filtered by the
+# inverse of beta3's samples (1, 4, 1) / 6, whose impulse response is
+# sqrt(3) z^|k| with the pole z = sqrt(3) - 2. scipy.ndimage runs that
+# filter recursively with boundary values for a mirror extension of the
+# samples (period 2n - 2), which is what `cubic_spline_prefilter` sums in
+# closed form.
+_CUBIC_POLE = math.sqrt(3.) - 2.
 
-  `matrix` [2, 3] maps output pixel (x, y) (column, row; pixel centres at
-  integers, as scipy.ndimage) to the input point it samples. As
-  scipy.ndimage's mode='constant': a point beyond the outer pixel centres
-  is 0, one inside interpolates the pixels around it.
+
+@functools.lru_cache(maxsize=None)
+def cubic_spline_prefilter(n: int) -> np.ndarray:
+  """[n, n] float64 matrix P with c = P @ x the cubic B-spline coefficients
+  of the n samples x, mirror-extended (x[-k] = x[k], x[n-1+k] = x[n-1-k]).
+
+  The coefficients are the samples convolved with sqrt(3) z^|k| (z the
+  pole), so P[i, j] sums sqrt(3) z^|i - k| over the points k of the
+  extension that carry sample j: k = j + m p and k = -j + m p, m an
+  integer, p = 2n - 2 (one family when j is 0 or n - 1, where the two
+  coincide). With |d| <= p, the sum over m of z^|d + m p| is
+  z^|d| + (z^(p - d) + z^(p + d)) / (1 - z^p). This is
+  scipy.ndimage.spline_filter1d(order=3) with mode 'mirror', the filter
+  scipy also uses for mode 'constant' (tests/test_autoaugment.py); it is
+  linear in x and independent of it, so a warp applies it as two matrix
+  products. Cached per n and read-only.
+  """
+  if n < 1:
+    raise ValueError(f'cubic_spline_prefilter: n={n}, needs n >= 1.')
+  if n == 1:
+    out = np.ones((1, 1))
+  else:
+    z, p = _CUBIC_POLE, 2 * n - 2
+    periodic = lambda d: (z ** np.abs(d)
+                          + (z ** (p - d) + z ** (p + d)) / (1. - z ** p))
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    reflected = (j > 0) & (j < n - 1)
+    out = math.sqrt(3.) * (periodic(i - j)
+                           + np.where(reflected, periodic(i + j), 0.))
+  out.setflags(write=False)
+  return out
+
+
+def _mirror_index(index, n):
+  """`index` (int, any shape) mapped into [0, n) by the mirror extension
+  x[-k] = x[k], x[n-1+k] = x[n-1-k] (scipy.ndimage's out-of-range spline
+  coefficients for mode 'constant')."""
+  if n == 1:
+    return jnp.zeros_like(index)
+  period = 2 * n - 2
+  index = jnp.mod(index, period)
+  return jnp.where(index >= n, period - index, index)
+
+
+def _cubic_bspline(d):
+  """The cubic B-spline beta3 at the distances d (any shape): 2/3 - d^2 +
+  |d|^3 / 2 within 1 of its centre, (2 - |d|)^3 / 6 within 2, else 0."""
+  a = jnp.abs(d)
+  return jnp.where(a < 1., 2. / 3. - a * a + a * a * a / 2.,
+                   jnp.where(a < 2., (2. - a) ** 3 / 6., 0.))
+
+
+def affine_cubic_spline(image, matrix):
+  """Cubic-spline affine warp with fill 0, scipy.ndimage's default warp.
+
+  Per channel, `scipy.ndimage.affine_transform(image[..., c], matrix[:, :2],
+  matrix[:, 2], order=3, mode='constant', cval=0., prefilter=True)`: output
+  pixel (row, column) samples the input at matrix[:, :2] @ (row, column) +
+  matrix[:, 2] (pixel centres at integers). The image is prefiltered into
+  cubic B-spline coefficients (`cubic_spline_prefilter` along each axis,
+  mirror boundary), the spline is evaluated from the 4 x 4 coefficients
+  around the point (those beyond the border mirrored back in), and a point
+  outside [0, H - 1] x [0, W - 1] is 0 (mode 'constant' interpolates no
+  further than the outer pixel centres). The spline passes through the
+  pixels and overshoots between them: the output is not clipped.
+
+  `matrix` may be traced (one compilation serves every magnitude); the
+  prefilter is a constant of the static size. Matrix products run at
+  full float32 precision (TPU and GPU default to less).
+
+  Args:
+    image: [H, W, C] float.
+    matrix: [2, 3] float, the inverse map on (row, column) coordinates.
+
+  Returns:
+    [H, W, C] float32.
   """
   h, w, _ = image.shape
-  ys, xs = jnp.meshgrid(jnp.arange(h, dtype=jnp.float32),
-                        jnp.arange(w, dtype=jnp.float32), indexing='ij')
-  sx = matrix[0, 0] * xs + matrix[0, 1] * ys + matrix[0, 2]
-  sy = matrix[1, 0] * xs + matrix[1, 1] * ys + matrix[1, 2]
-  inside = (sx >= 0) & (sx <= w - 1) & (sy >= 0) & (sy <= h - 1)
-  x0 = jnp.clip(jnp.floor(sx), 0, max(w - 2, 0))
-  y0 = jnp.clip(jnp.floor(sy), 0, max(h - 2, 0))
-  fx, fy = (sx - x0)[..., None], (sy - y0)[..., None]
-  x0, y0 = x0.astype(jnp.int32), y0.astype(jnp.int32)
-  x1, y1 = jnp.minimum(x0 + 1, w - 1), jnp.minimum(y0 + 1, h - 1)
-  tap = lambda iy, ix: image[iy, ix]
-  out = ((1 - fy) * ((1 - fx) * tap(y0, x0) + fx * tap(y0, x1))
-         + fy * ((1 - fx) * tap(y1, x0) + fx * tap(y1, x1)))
-  return jnp.where(inside[..., None], out, jnp.zeros((), image.dtype))
+  highest = jax.lax.Precision.HIGHEST
+  p_h = jnp.asarray(cubic_spline_prefilter(h), jnp.float32)
+  p_w = jnp.asarray(cubic_spline_prefilter(w), jnp.float32)
+  coeffs = jnp.einsum('ij,jkc,lk->ilc', p_h, image.astype(jnp.float32), p_w,
+                      precision=highest)
+  rows, cols = jnp.meshgrid(jnp.arange(h, dtype=jnp.float32),
+                            jnp.arange(w, dtype=jnp.float32), indexing='ij')
+  sy = matrix[0, 0] * rows + matrix[0, 1] * cols + matrix[0, 2]
+  sx = matrix[1, 0] * rows + matrix[1, 1] * cols + matrix[1, 2]
+  inside = (sy >= 0) & (sy <= h - 1) & (sx >= 0) & (sx <= w - 1)
+  # The taps floor(s) - 1 ... floor(s) + 2, each weighted by beta3 of its
+  # own distance to s rather than by the fraction s - floor(s): XLA may
+  # compute s in two fusions that round differently, and a tap index from
+  # one with a fraction from the other would put the weights on the wrong
+  # pixels by one (s = 186 - 1e-5 against 186); this way such a split
+  # moves only a tap whose weight is ~0.
+  taps = jnp.arange(-1, 3)[:, None, None]
+  ky = jnp.floor(sy).astype(jnp.int32) + taps              # [4, H, W]
+  kx = jnp.floor(sx).astype(jnp.int32) + taps
+  wy = _cubic_bspline(sy - ky.astype(jnp.float32))
+  wx = _cubic_bspline(sx - kx.astype(jnp.float32))
+  iy, ix = _mirror_index(ky, h), _mirror_index(kx, w)
+  neighbours = coeffs[iy[:, None], ix[None, :]]            # [4, 4, H, W, C]
+  weights = wy[:, None] * wx[None, :]                      # [4, 4, H, W]
+  out = jnp.sum(weights[..., None] * neighbours, axis=(0, 1))
+  return jnp.where(inside[..., None], out, 0.)
+
+
+def _round_to_levels(image):
+  """The float image [H, W, C] on the 0-255 scale rounded half up to a
+  level and clipped, divided by 255: scipy.ndimage's conversion of a warp
+  to the uint8 output of a uint8 input."""
+  return jnp.clip(jnp.floor(image * 255. + 0.5), 0., 255.) / 255.
 
 
 def _geometric_matrix_port(op, magnitude, height, width):
-  """The inverse maps of the 'pytorch_auto_augment' geometric ops.
+  """The inverse map [2, 3] on (row, column) of a 'pytorch_auto_augment'
+  geometric op (identity for other ops), for `affine_cubic_spline`.
 
-  That port warps the [row, column] array with scipy.ndimage about the point
-  (H / 2 + 0.5, W / 2 + 0.5): its ShearX moves rows (input row = row +
-  m (column - centre)), its ShearY columns, translations move by m pixels,
-  Rotate turns by m degrees. Returned for `_affine_bilinear` (x = column).
+  That port warps the [row, column] array with scipy.ndimage by
+  O [L | t] O^-1, O the shift to the point o = (H / 2 + 0.5, W / 2 + 0.5):
+  an input point L (p - o) + o + t. Its ShearX has L = [[1, m], [0, 1]]
+  (input row = row + m (column - o_col): it moves rows), ShearY
+  [[1, 0], [m, 1]], TranslateX t = (0, m) and TranslateY t = (m, 0) pixels,
+  Rotate L = [[cos, -sin], [sin, cos]] of m degrees.
   """
   m = magnitude
   one, zero = jnp.ones_like(m), jnp.zeros_like(m)
-  cx, cy = width / 2. + 0.5, height / 2. + 0.5
   theta = jnp.deg2rad(m)
   c, s = jnp.cos(theta), jnp.sin(theta)
-  candidates = jnp.stack([
-      jnp.array([[one, zero, zero], [m, one, -m * cx]]),           # ShearX
-      jnp.array([[one, m, -m * cy], [zero, one, zero]]),           # ShearY
-      jnp.array([[one, zero, m], [zero, one, zero]]),              # TranslateX
-      jnp.array([[one, zero, zero], [zero, one, m]]),              # TranslateY
-      jnp.array([[c, s, cx - c * cx - s * cy],                     # Rotate
-                 [-s, c, cy + s * cx - c * cy]]),
-      jnp.array([[one, zero, zero], [zero, one, zero]]),           # identity
-  ])
-  return candidates[jnp.minimum(op, _NUM_GEOMETRIC)]
+  eye = jnp.array([[one, zero], [zero, one]])
+  linear = jnp.stack([
+      jnp.array([[one, m], [zero, one]]),                          # ShearX
+      jnp.array([[one, zero], [m, one]]),                          # ShearY
+      eye, eye,                                                    # Translate
+      jnp.array([[c, -s], [s, c]]),                                # Rotate
+      eye,                                                         # identity
+  ])[jnp.minimum(op, _NUM_GEOMETRIC)]
+  shift = jnp.stack([
+      jnp.array([zero, zero]), jnp.array([zero, zero]),
+      jnp.array([zero, m]), jnp.array([m, zero]),                  # Translate
+      jnp.array([zero, zero]), jnp.array([zero, zero]),
+  ])[jnp.minimum(op, _NUM_GEOMETRIC)]
+  centre = jnp.array([height / 2. + 0.5, width / 2. + 0.5], jnp.float32)
+  # Elementwise rather than `@`: a matrix product may run below float32
+  # precision on accelerators.
+  offset = centre - jnp.sum(linear * centre, axis=1) + shift
+  return jnp.concatenate([linear, offset[:, None]], axis=1)
 
 
 def _luma(image):
@@ -660,17 +769,24 @@ def autoaugment_op(image, op, magnitude, impl='torchvision'):
     op: index into `AUTOAUGMENT_OPS`.
     magnitude: the op's signed magnitude.
     impl: 'torchvision' (nearest-neighbour warps as PIL's, shears about the
-      top-left corner) or 'pytorch_auto_augment' (bilinear warps about the
-      centre with that port's axes; see `_geometric_matrix_port`). The value
-      ops are the same.
+      top-left corner) or 'pytorch_auto_augment' (scipy.ndimage's cubic-
+      spline warps about the centre with that port's axes, see
+      `_geometric_matrix_port` and `affine_cubic_spline`, then rounded half
+      up to 8-bit levels and clipped to [0, 1], as scipy writes the warp of
+      the port's uint8 image; other ops pass the image through unrounded).
+      The value ops are the same.
+
+  Returns:
+    [H, W, C] float in [0, 1].
   """
   h, w, _ = image.shape
   op = jnp.asarray(op, jnp.int32)
   if impl == 'torchvision':
     warped = _affine_nearest(image, _geometric_matrix(op, magnitude, h, w))
   elif impl == 'pytorch_auto_augment':
-    warped = _affine_bilinear(image,
-                              _geometric_matrix_port(op, magnitude, h, w))
+    cubic = affine_cubic_spline(image,
+                                _geometric_matrix_port(op, magnitude, h, w))
+    warped = jnp.where(op < _NUM_GEOMETRIC, _round_to_levels(cubic), image)
   else:
     raise ValueError(f'unknown AutoAugment implementation {impl!r}; known: '
                      f'{", ".join(AUTOAUGMENT_IMPLS)}.')
@@ -742,9 +858,10 @@ def autoaugment(rng, image, *, policy='cifar10', impl='torchvision'):
   The image stays float: posterize, solarize and equalize are defined on
   8-bit levels, so they round their input to the 256 levels first (exact on
   images from uint8, as this pipeline's are, and after the geometric ops,
-  which move whole pixels); the other ops act on the float values
-  (torchvision's uint8 path truncates after each op: within two levels of
-  these, `tests/test_autoaugment.py`).
+  which move whole pixels or, for 'pytorch_auto_augment', round to the
+  levels as that port's uint8 image does); the other ops act on the float
+  values (PIL's uint8 ops, which torchvision and the port call, truncate
+  after each op: within two levels of these, `tests/test_autoaugment.py`).
 
   Cost: under vmap each of the two ops computes one warp and all nine value
   ops (`autoaugment_op`), about ten times the work of one op.
@@ -757,9 +874,10 @@ def autoaugment(rng, image, *, policy='cifar10', impl='torchvision'):
     impl: 'torchvision' (the default, above) or 'pytorch_auto_augment', the
       conventions of the port in 4uiiurz1/pytorch-auto-augment that the TCL
       code uses: magnitudes drawn uniformly within their bin of a signed
-      range (`autoaugment_grids`) and bilinear warps about the centre
-      (`_geometric_matrix_port`; the port interpolates with scipy's cubic
-      spline). Policies, probabilities and value ops are the same.
+      range (`autoaugment_grids`) and scipy.ndimage's cubic-spline warps
+      about the centre (`_geometric_matrix_port`, `affine_cubic_spline`),
+      each rounded to 8-bit levels and clipped as the port's uint8 image
+      is. Policies, probabilities and value ops are the same.
 
   Returns:
     [H, W, C] float in [0, 1].

@@ -2,9 +2,10 @@
 
 The references are independent of the code under test: PIL's ImageOps,
 ImageEnhance and Image.transform/rotate on uint8 images (what torchvision's
-AutoAugment calls on PIL images), scipy.ndimage.affine_transform set up as
-the port in 4uiiurz1/pytorch-auto-augment sets it up (the TCL code's
-AutoAugment), and the policy tables transcribed here: CIFAR-10 from the TCL
+AutoAugment calls on PIL images), scipy.ndimage.affine_transform (and
+spline_filter1d) with the defaults and on the uint8 images of the port in
+4uiiurz1/pytorch-auto-augment (the TCL code's AutoAugment: cubic spline,
+uint8 out), and the policy tables transcribed here: CIFAR-10 from the TCL
 code's port (which gives a bin even to the ops that take none) and ImageNet
 from torchvision's `AutoAugmentPolicy.IMAGENET`.
 """
@@ -182,12 +183,156 @@ def test_magnitude_tables_are_torchvisions():
     assert not row(name).any()
 
 
-def _port_warp(image, name, m):
-  """The port's geometric op, scipy.ndimage with bilinear interpolation
-  (order 1; the port itself uses the default order 3)."""
-  h, w = image.shape[:2]
+# The cubic-spline warp of the 'pytorch_auto_augment' ops against scipy,
+# on the 0-255 scale in float64. Ours runs in float32: the prefiltered
+# coefficients reach about 3 x 255 and 16 of them are summed (rounding
+# ~1e-4 levels), and a sample point carries ~1e-5 px of rounding at 224 px
+# times the spline's slope (hundreds of levels per px on noise); measured
+# at most 0.001 levels at 32 px and 0.007 at 224 px, so 0.02. An order-1
+# (bilinear) warp is off by tens of levels on these noise images
+# (asserted).
+_CUBIC_ATOL = 0.02
+# A point within this distance (px) of the edge of [0, n - 1], but not on
+# it, may fall on either side of it in float32 (the spline's edge value
+# against the fill 0); such pixels are left out of the comparisons that
+# need exact points. A point exactly on an edge (a whole-pixel shift, the
+# axis a shear keeps) is exact in float32 too and stays in.
+_EDGE_MARGIN = 1e-3
+
+
+@pytest.mark.parametrize('n', [1, 2, 3, 4, 7, 32, 40, 224])
+def test_cubic_spline_prefilter_matches_scipy(n):
+  # Our closed form against scipy's recursive filter of the unit vectors;
+  # scipy prefilters with the mirror boundary for mode 'constant' too.
+  ours = augment.cubic_spline_prefilter(n)
+  for mode in ('constant', 'mirror'):
+    ref = ndimage.spline_filter1d(np.eye(n), order=3, axis=0, mode=mode)
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-12)
+  # The coefficients interpolate: beta3 at the integers is (1, 4, 1) / 6.
+  x = np.random.default_rng(n).normal(size=n)
+  c = ours @ x
+  mirrored = lambda i: c[0 * i if n == 1 else
+                         (n - 1) - np.abs((n - 1) - np.abs(i))]
+  i = np.arange(n)
+  np.testing.assert_allclose(
+      (mirrored(i - 1) + 4 * c + mirrored(i + 1)) / 6, x, atol=1e-12)
+
+
+def _scipy_cubic(image, matrix):
+  """scipy.ndimage's default warp (order 3, prefilter, mode 'constant',
+  cval 0) of each channel of `image` [H, W, C] (float64) by the [2, 3]
+  matrix on (row, column)."""
+  m = np.asarray(matrix, np.float64)
+  return np.stack([ndimage.affine_transform(
+      image[..., c], m[:, :2], m[:, 2], order=3, mode='constant', cval=0.,
+      prefilter=True) for c in range(image.shape[-1])], axis=-1)
+
+
+def _away_from_edges(matrix, shape):
+  """[H, W] bool: the sample point of each output pixel (float64) is on
+  or farther than `_EDGE_MARGIN` from the edges of the input's
+  [0, H - 1] x [0, W - 1]."""
+  h, w = shape[:2]
+  m = np.asarray(matrix, np.float64)
+  rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing='ij')
+  point = [m[i, 0] * rows + m[i, 1] * cols + m[i, 2] for i in (0, 1)]
+  clear = lambda d: (d == 0) | (np.abs(d) > _EDGE_MARGIN)
+  return (clear(point[0]) & clear(point[0] - (h - 1)) & clear(point[1])
+          & clear(point[1] - (w - 1)))
+
+
+def _linear_map(rotate_degrees=0., shear=0.):
+  """[2, 2] on (row, column): a rotation after a shear of the rows."""
+  t = np.deg2rad(rotate_degrees)
+  return (np.array([[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]])
+          @ np.array([[1., shear], [0., 1.]]))
+
+
+# Inverse maps on (row, column), as (linear [2, 2], shift [2], about the
+# centre (H / 2 + 0.5, W / 2 + 0.5) as the port warps, or the origin):
+# shears, fractional and whole translations (points beyond every edge),
+# a rotation and a mix.
+_CUBIC_MAPS = {
+    'shear_rows': (_linear_map(shear=0.27), [-4.4, 0.], False),
+    'shear_columns': (_linear_map(shear=0.3).T, [0., -5.], False),
+    'translate': (np.eye(2), [-3.7, 6.2], False),
+    'translate_whole': (np.eye(2), [9., -11.], False),
+    'rotate': (_linear_map(23.), [0., 0.], True),
+    'rotate_shear_shift': (_linear_map(-7., -0.13), [2.5, -1.25], True),
+}
+
+
+def _cubic_matrix(name, shape):
+  """The [2, 3] float32 matrix of `_CUBIC_MAPS`[name] for an image of
+  `shape` (float32, the precision ours takes it in; scipy gets the same
+  values in float64)."""
+  linear, shift, centred = _CUBIC_MAPS[name]
+  centre = (np.array([shape[0] / 2 + 0.5, shape[1] / 2 + 0.5]) if centred
+            else np.zeros(2))
+  return np.c_[linear, centre - linear @ centre + shift].astype(np.float32)
+
+
+# With XLA's default options, as training compiles it: the fusions that
+# split a sample point's rounding (below) form only with them.
+_cubic = jax.jit(augment.affine_cubic_spline)
+
+
+@pytest.mark.parametrize('shape', [(32, 32, 3), (32, 40, 3), (224, 224, 1)])
+@pytest.mark.parametrize('name', sorted(_CUBIC_MAPS))
+def test_cubic_warp_matches_scipy(shape, name):
+  image = _image(14, shape).astype(np.float64)
+  matrix = _cubic_matrix(name, shape)
+  ref = _scipy_cubic(image, matrix)
+  out = np.asarray(_cubic(jnp.asarray(image, jnp.float32),
+                          jnp.asarray(matrix)), np.float64)
+  keep = _away_from_edges(matrix, shape)
+  assert keep.mean() > 0.99
+  np.testing.assert_allclose(out[keep], ref[keep], rtol=0, atol=_CUBIC_ATOL)
+  if name != 'translate_whole':   # Off the pixel centres, where orders differ.
+    # The tolerance tells the orders apart: scipy's order 1 is far off.
+    linear = np.stack([ndimage.affine_transform(
+        image[..., c], matrix[:, :2].astype(np.float64),
+        matrix[:, 2].astype(np.float64), order=1)
+                       for c in range(shape[-1])], axis=-1)
+    assert np.abs(linear - ref)[keep].max() > 1000 * _CUBIC_ATOL
+    assert np.any(ref < 0) and np.any(ref > 255)   # The spline overshoots.
+  outside = keep & ~np.any(ref, axis=-1)
+  assert outside.any() and np.all(out[outside] == 0)   # Filled 0.
+
+
+def test_cubic_warp_weights_taps_by_their_own_distance():
+  # This float32 matrix samples output (73, 205) of a 224 x 224 image at
+  # column 186 - 1.2e-5, which XLA (default options, CPU) computes as 186
+  # in one fusion and below it in another: weights from the fraction
+  # s - floor(s) of one with the taps floor(s) - 1 ... of the other were
+  # off by 31 levels (measured with the first version of the warp).
+  matrix = np.array([[0.9928234219551086, 0.2997923791408539,
+                      1.6538728475570679],
+                     [-0.11958970874547958, 0.9711172580718994,
+                      -4.349001407623291]], np.float32)
+  image = _image(15, (224, 224, 3)).astype(np.float64)
+  ref = _scipy_cubic(image, matrix)
+  out = np.asarray(_cubic(jnp.asarray(image, jnp.float32),
+                          jnp.asarray(matrix)), np.float64)
+  np.testing.assert_allclose(out[73, 205], ref[73, 205], atol=_CUBIC_ATOL)
+  keep = _away_from_edges(matrix, image.shape)
+  np.testing.assert_allclose(out[keep], ref[keep], rtol=0, atol=_CUBIC_ATOL)
+
+
+def _port_op(image_u8, name, m):
+  """The port's geometric op at magnitude `m`, as that code sets it up: a
+  matrix on (row, column) about (H / 2 + 0.5, W / 2 + 0.5), then
+  scipy.ndimage's affine_transform with its defaults (order 3, prefilter,
+  mode 'constant', cval 0) on each channel of the uint8 image, which
+  writes uint8 (scipy rounds half up and clips).
+
+  Returns:
+    (the uint8 result [H, W, C], the same warp of the image in float64
+    before that conversion, the [2, 3] matrix on (row, column)).
+  """
+  h, w = image_u8.shape[:2]
   theta = np.deg2rad(m)
-  linear = {  # On (row, column), as the port writes them.
+  linear = {
       'ShearX': [[1, m, 0], [0, 1, 0], [0, 0, 1]],
       'ShearY': [[1, 0, 0], [m, 1, 0], [0, 0, 1]],
       'TranslateX': [[1, 0, 0], [0, 1, m], [0, 0, 1]],
@@ -197,24 +342,52 @@ def _port_warp(image, name, m):
   oy, ox = h / 2 + 0.5, w / 2 + 0.5
   matrix = (np.array([[1, 0, oy], [0, 1, ox], [0, 0, 1]]) @ np.array(linear)
             @ np.array([[1, 0, -oy], [0, 1, -ox], [0, 0, 1]]))
-  return np.stack([ndimage.affine_transform(
-      image[..., c].astype(np.float64), matrix[:2, :2], matrix[:2, 2],
-      order=1, mode='constant', cval=0.) for c in range(image.shape[-1])],
-                  axis=-1)
+  channels = lambda x: np.stack([ndimage.affine_transform(
+      x[..., c], matrix[:2, :2], matrix[:2, 2])
+                                 for c in range(x.shape[-1])], axis=-1)
+  return (channels(image_u8), channels(image_u8.astype(np.float64)),
+          matrix[:2])
 
 
+@pytest.mark.parametrize('shape', [(32, 32, 3), (32, 40, 3)])
 @pytest.mark.parametrize('name,magnitude', [
     ('ShearX', 0.27), ('ShearX', -0.05), ('ShearY', -0.13), ('ShearY', 0.3),
     ('TranslateX', 7.3), ('TranslateX', -14.), ('TranslateY', -11.6),
     ('Rotate', 23.), ('Rotate', -4.)])
-def test_port_geometric_ops_match_scipy(name, magnitude):
-  # Same sample points, weights and edges as scipy's order-1 interpolation,
-  # to float32 rounding (measured: 1e-3 levels).
-  image = _image(13)
-  out = _ours(image, name, magnitude, 'pytorch_auto_augment')
-  np.testing.assert_allclose(out, _port_warp(image, name, magnitude),
-                             atol=0.01)
+def test_port_geometric_ops_match_the_port(shape, name, magnitude):
+  # The port's uint8 output level for level, but where scipy's float64
+  # warp is within 0.01 of a half level (float32 may round it the other
+  # way: at most 1 level; about 2% of the pixels) or the point within
+  # float32 rounding of an edge.
+  image = _image(13, shape)
+  m = float(np.float32(magnitude))            # The magnitude ours gets.
+  port_u8, port_float, matrix = _port_op(image, name, m)
+  assert port_u8.dtype == np.uint8
+  out = _ours(image, name, m, 'pytorch_auto_augment')
+  diff = np.abs(out - port_u8)
+  tie = np.abs(port_float - np.floor(port_float) - 0.5) < 0.01
+  exact = ~tie & _away_from_edges(matrix, shape)[..., None]
+  assert exact.mean() > 0.95
+  assert np.all(diff[exact] < _EXACT), (name, np.argwhere(diff > _EXACT))
+  assert np.all(diff[tie] <= 1 + _EXACT)
+  # Rounded to levels and clipped where the spline overshoots [0, 255].
+  np.testing.assert_allclose(out, np.round(out), atol=_EXACT)
+  if name != 'TranslateX' or m != round(m):    # Between pixel centres.
+    assert np.any(port_float < -0.5) or np.any(port_float > 255.5)
   assert np.abs(out - image).max() > 50
+
+
+def test_port_value_ops_pass_the_float_image_unrounded():
+  # Only the warps round to levels; a value op sees the image as it is.
+  image = jnp.asarray(np.random.default_rng(16).uniform(size=(32, 32, 3)),
+                      jnp.float32)
+  for name, m in (('Brightness', 0.37), ('Invert', 0.), ('Contrast', -0.2)):
+    op = augment.AUTOAUGMENT_OPS.index(name)
+    port = _op(image, op, jnp.float32(m), 'pytorch_auto_augment')
+    np.testing.assert_array_equal(
+        port, _op(image, op, jnp.float32(m), 'torchvision'))
+    assert np.any(np.abs(np.asarray(port) * 255. - np.round(
+        np.asarray(port) * 255.)) > 0.1)
 
 
 def test_port_grids_are_the_ports():
