@@ -42,13 +42,15 @@ class ViewConfig:
       input size (TCL's `RandomCrop(28, padding=4)`); 0 disables it.
     flip_p: probability of a horizontal flip.
     autoaugment: '' (off) or the name of an AutoAugment policy
-      (`AUTOAUGMENT_POLICIES`: 'cifar10', 'imagenet'), applied after the flip
-      (see `autoaugment`).
+      (`AUTOAUGMENT_POLICIES`: 'cifar10', 'imagenet', or TF Model Garden's
+      'v0'), applied after the flip (see `autoaugment`).
     autoaugment_impl: whose conventions AutoAugment follows: 'torchvision'
       (magnitude = the bin's value with a random sign, nearest-neighbour
       warps) or 'pytorch_auto_augment' (the port the TCL code uses:
       magnitudes uniform within the bin, cubic-spline warps rounded to
-      8-bit levels).
+      8-bit levels) for 'cifar10' and 'imagenet'; 'tf_model_garden' (TF's
+      ops, levels and uint8 arithmetic, `tf_autoaugment`) for 'v0', the one
+      convention that defines it.
     jitter_strength: colour-jitter strength s, SimCLR's shorthand for the
       amounts (brightness, contrast, saturation, hue) = (0.8 s, 0.8 s, 0.8 s,
       0.2 s); used when `jitter` is None.
@@ -403,6 +405,40 @@ AUTOAUGMENT_POLICIES = {
         (('Color', 0.6, 4), ('Contrast', 1.0, 8)),
         (('Equalize', 0.8, None), ('Equalize', 0.6, None)),
     ),
+    # TensorFlow Model Garden's AutoAugment().policy_v0() (official/legacy/
+    # image_classification/augment.py, formerly official/vision/
+    # image_classification/augment.py; EfficientNet's ImageNet policy), the
+    # one the SupCon authors' TF code draws from. (op, probability, level)
+    # with levels 0-10 as that file writes them, the levels of AutoContrast,
+    # Equalize and Invert included (they take no argument). Its ops are
+    # `TF_AUTOAUGMENT_OPS`, run by the 'tf_model_garden' convention only.
+    'v0': (
+        (('Equalize', 0.8, 1), ('ShearY', 0.8, 4)),
+        (('Color', 0.4, 9), ('Equalize', 0.6, 3)),
+        (('Color', 0.4, 1), ('Rotate', 0.6, 8)),
+        (('Solarize', 0.8, 3), ('Equalize', 0.4, 7)),
+        (('Solarize', 0.4, 2), ('Solarize', 0.6, 2)),
+        (('Color', 0.2, 0), ('Equalize', 0.8, 8)),
+        (('Equalize', 0.4, 8), ('SolarizeAdd', 0.8, 3)),
+        (('ShearX', 0.2, 9), ('Rotate', 0.6, 8)),
+        (('Color', 0.6, 1), ('Equalize', 1.0, 2)),
+        (('Invert', 0.4, 9), ('Rotate', 0.6, 0)),
+        (('Equalize', 1.0, 9), ('ShearY', 0.6, 3)),
+        (('Color', 0.4, 7), ('Equalize', 0.6, 0)),
+        (('Posterize', 0.4, 6), ('AutoContrast', 0.4, 7)),
+        (('Solarize', 0.6, 8), ('Color', 0.6, 9)),
+        (('Solarize', 0.2, 4), ('Rotate', 0.8, 9)),
+        (('Rotate', 1.0, 7), ('TranslateY', 0.8, 9)),
+        (('ShearX', 0.0, 0), ('Solarize', 0.8, 4)),
+        (('ShearY', 0.8, 0), ('Color', 0.6, 4)),
+        (('Color', 1.0, 0), ('Rotate', 0.6, 2)),
+        (('Equalize', 0.8, 4), ('Equalize', 0.0, 8)),
+        (('Equalize', 1.0, 4), ('AutoContrast', 0.6, 2)),
+        (('ShearY', 0.4, 7), ('SolarizeAdd', 0.6, 7)),
+        (('Posterize', 0.8, 2), ('Solarize', 0.6, 10)),
+        (('Solarize', 0.6, 8), ('Equalize', 0.6, 1)),
+        (('Color', 0.8, 6), ('Rotate', 0.4, 5)),
+    ),
 }
 
 
@@ -481,7 +517,8 @@ def _geometric_matrix(op, magnitude, height, width):
 # 11-point grid over a signed range, and the magnitude is drawn uniformly in
 # it (no separate sign). Grids in the units of `autoaugment_magnitudes`,
 # enhance factors as offsets from 1.
-AUTOAUGMENT_IMPLS = ('torchvision', 'pytorch_auto_augment')
+AUTOAUGMENT_IMPLS = ('torchvision', 'pytorch_auto_augment',
+                     'tf_model_garden')
 
 
 def autoaugment_grids(height: int, width: int) -> np.ndarray:
@@ -754,9 +791,14 @@ _AA_VALUE_OPS = (lambda image, _: image, _aa_brightness, _aa_color,
                  _aa_autocontrast, _aa_equalize, _aa_invert)
 
 
-def autoaugment_op(image, op, magnitude, impl='torchvision'):
+def autoaugment_op(image, op, magnitude, impl='torchvision', key=None):
   """Applies AutoAugment op number `op` (of `AUTOAUGMENT_OPS`) at a signed
   `magnitude` in the units of `autoaugment_magnitudes`.
+
+  With impl='tf_model_garden', `op` numbers `TF_AUTOAUGMENT_OPS` (which
+  extends `AUTOAUGMENT_OPS`), `magnitude` is the op's argument
+  (`tf_autoaugment_args`, signed) and `key` draws Cutout's centre: see
+  `tf_autoaugment_op`.
 
   `op` and `magnitude` may be traced: a geometric op is a warp by its matrix
   (the identity for other ops), then a `lax.switch` picks the value op
@@ -779,6 +821,10 @@ def autoaugment_op(image, op, magnitude, impl='torchvision'):
   Returns:
     [H, W, C] float in [0, 1].
   """
+  if impl == 'tf_model_garden':
+    if key is None:
+      raise ValueError("impl='tf_model_garden' needs a key (Cutout's centre).")
+    return tf_autoaugment_op(_tf_levels(image), op, magnitude, key) / 255.
   h, w, _ = image.shape
   op = jnp.asarray(op, jnp.int32)
   if impl == 'torchvision':
@@ -817,11 +863,21 @@ def autoaugment_draw(rng, policy='cifar10', impl='torchvision'):
     The magnitude of an op at bin b: for 'torchvision',
     `autoaugment_magnitudes`[op, b], negated with probability 1/2 for the
     signed ops; for 'pytorch_auto_augment', uniform between
-    `autoaugment_grids`[op, b] and [op, b + 1] (posterize bits rounded).
+    `autoaugment_grids`[op, b] and [op, b + 1] (posterize bits rounded);
+    for 'tf_model_garden', ops of `TF_AUTOAUGMENT_OPS` and the argument
+    `tf_autoaugment_args`[op, level], negated with probability 1/2 for the
+    geometric ops (the height and width are not used).
+
+  Raises:
+    ValueError: an unknown policy or implementation, or a policy the
+      implementation does not define (`check_autoaugment_policy`).
   """
   if impl not in AUTOAUGMENT_IMPLS:
     raise ValueError(f'unknown AutoAugment implementation {impl!r}; known: '
                      f'{", ".join(AUTOAUGMENT_IMPLS)}.')
+  check_autoaugment_policy(policy, impl)
+  if impl == 'tf_model_garden':
+    return _tf_autoaugment_draw(rng, policy)
   ops, probs, bins = (jnp.asarray(a) for a in _policy_arrays(policy))
   signed = jnp.asarray([op in _SIGNED_OPS for op in AUTOAUGMENT_OPS])
   k_sub, k_apply, k_sign = jax.random.split(rng, 3)
@@ -877,11 +933,14 @@ def autoaugment(rng, image, *, policy='cifar10', impl='torchvision'):
       range (`autoaugment_grids`) and scipy.ndimage's cubic-spline warps
       about the centre (`_geometric_matrix_port`, `affine_cubic_spline`),
       each rounded to 8-bit levels and clipped as the port's uint8 image
-      is. Policies, probabilities and value ops are the same.
+      is. Policies, probabilities and value ops are the same. Or
+      'tf_model_garden', which runs TF's 'v0' policy (`tf_autoaugment`).
 
   Returns:
     [H, W, C] float in [0, 1].
   """
+  if impl == 'tf_model_garden':
+    return tf_autoaugment(rng, image, policy=policy)
   h, w, _ = image.shape
   _, ops, magnitudes, apply = autoaugment_draw(rng, policy, impl)
   m = magnitudes(h, w)
@@ -889,6 +948,371 @@ def autoaugment(rng, image, *, policy='cifar10', impl='torchvision'):
     image = jnp.where(apply[slot],
                       autoaugment_op(image, ops[slot], m[slot], impl), image)
   return image
+
+
+# The conventions of TensorFlow Model Garden's AutoAugment
+# (official/legacy/image_classification/augment.py, which the SupCon
+# authors' TF code calls as `AutoAugment().distort`), impl
+# 'tf_model_garden'. Its policies name levels 0-10 (`_MAX_LEVEL` = 10), each
+# mapped to the op's argument by its `level_to_arg` with AutoAugment's
+# defaults translate_const = 250 and cutout_const = 100 (RandAugment's are
+# 100 and 40); the image is uint8 throughout and every op truncates its
+# float arithmetic back to uint8. Its ops are torchvision's fourteen plus
+# SolarizeAdd and Cutout, numbered on from `AUTOAUGMENT_OPS`.
+TF_AUTOAUGMENT_OPS = AUTOAUGMENT_OPS + ('SolarizeAdd', 'Cutout')
+TF_AUTOAUGMENT_LEVELS = 11
+# Only these take a random sign (`_randomly_negate_tensor`); its enhance
+# factors are 0.1 to 1.9 without a sign.
+_TF_SIGNED_OPS = frozenset(AUTOAUGMENT_OPS[:_NUM_GEOMETRIC])
+_TF_TRANSLATE_CONST = 250.
+_TF_CUTOUT_CONST = 100.
+# Cutout's fill (`replace` = [128] * 3). The geometric ops pass the same
+# fill to `unwrap`, but it never shows: see `_tf_warp`.
+_TF_REPLACE = 128.
+# Which conventions define each policy: the bins 0-9 of torchvision's
+# policies mean nothing to the Model Garden's level_to_arg, nor the levels
+# 0-10 and the SolarizeAdd of 'v0' to the PyTorch conventions.
+AUTOAUGMENT_POLICY_IMPLS = {
+    'cifar10': ('torchvision', 'pytorch_auto_augment'),
+    'imagenet': ('torchvision', 'pytorch_auto_augment'),
+    'v0': ('tf_model_garden',),
+}
+
+
+def check_autoaugment_policy(policy: str, impl: str) -> None:
+  """Raises ValueError unless `impl` (of `AUTOAUGMENT_IMPLS`) runs `policy`
+  (of `AUTOAUGMENT_POLICIES`), naming the setting that fixes it."""
+  if policy not in AUTOAUGMENT_POLICIES:
+    raise ValueError(f'unknown AutoAugment policy {policy!r}; known: '
+                     f'{", ".join(sorted(AUTOAUGMENT_POLICIES))}.')
+  impls = AUTOAUGMENT_POLICY_IMPLS[policy]
+  if impl not in impls:
+    others = sorted(p for p, i in AUTOAUGMENT_POLICY_IMPLS.items()
+                    if impl in i)
+    raise ValueError(
+        f'AutoAugment policy {policy!r} runs with autoaugment_impl '
+        f'{" or ".join(map(repr, impls))}, not {impl!r}: set '
+        f'autoaugment_impl={impls[0]!r} (or, keeping {impl!r}, a policy of '
+        f'{", ".join(others)}).')
+
+
+def tf_autoaugment_args() -> np.ndarray:
+  """[len(TF_AUTOAUGMENT_OPS), TF_AUTOAUGMENT_LEVELS] argument of each op at
+  each level 0-10, as the Model Garden's `level_to_arg` computes it in
+  Python floats (f = level / 10), before the random sign of the geometric
+  ops: shear f * 0.3, translation f * 250 pixels (whatever the image size),
+  rotation f * 30 degrees, enhance factors f * 1.8 + 0.1, and int() of
+  f * 4 posterize bits, f * 256 solarize threshold, f * 110 SolarizeAdd
+  addition, f * 100 Cutout half-side; 0 for AutoContrast, Equalize, Invert.
+  """
+  f = np.arange(TF_AUTOAUGMENT_LEVELS, dtype=np.float64) / 10.
+  enhance = f * 1.8 + 0.1
+  none = np.zeros_like(f)
+  rows = {
+      'ShearX': f * 0.3, 'ShearY': f * 0.3,
+      'TranslateX': f * _TF_TRANSLATE_CONST,
+      'TranslateY': f * _TF_TRANSLATE_CONST,
+      'Rotate': f * 30.,
+      'Brightness': enhance, 'Color': enhance, 'Contrast': enhance,
+      'Sharpness': enhance,
+      'Posterize': np.trunc(f * 4.), 'Solarize': np.trunc(f * 256.),
+      'AutoContrast': none, 'Equalize': none, 'Invert': none,
+      'SolarizeAdd': np.trunc(f * 110.),
+      'Cutout': np.trunc(f * _TF_CUTOUT_CONST),
+  }
+  return np.stack([rows[op] for op in TF_AUTOAUGMENT_OPS]).astype(np.float32)
+
+
+def _tf_levels(image):
+  """The uint8 image of a float one in [0, 1], as 0-255 float32 integers.
+
+  Truncated, as `tf.cast` turns the SupCon code's resized float crop into
+  uint8; the 1e-3 level of slack keeps an image that came from uint8 on its
+  own levels despite float rounding of x * 255.
+  """
+  return jnp.floor(jnp.clip(image, 0., 1.) * 255. + 1e-3)
+
+
+def _f32(x):
+  """x, rounded to float32 where it stands. TF's kernels round each product
+  before adding it; XLA would fuse a product into the following sum (an FMA,
+  one rounding), which moves a sample point or a truncated level across a
+  boundary now and then. The select keeps the product apart."""
+  return jnp.where(jnp.isnan(x), 0., x)
+
+
+def _tf_reflect(coord, size: int):
+  """TF's FILL_REFLECT of a continuous input coordinate (d c b a | a b c d |
+  d c b a: mirrored about -0.5 and size - 0.5, period 2 size), clamped to
+  [0, size - 1], with the kernel's branches (`MapCoordinate` in TF's
+  image_ops.h)."""
+  if size <= 1:
+    return jnp.zeros_like(coord)
+  period = 2. * size
+  low = coord + period * jnp.trunc(-coord / period)          # In (-2n, 0].
+  low = jnp.where(low < -size, low + period, -low - 1.)
+  high = coord - period * jnp.trunc(coord / period)          # In [0, 2n).
+  high = jnp.where(high >= size, period - high - 1., high)
+  out = jnp.where(coord < 0., low, jnp.where(coord > size - 1., high, coord))
+  return jnp.clip(out, 0., size - 1.)
+
+
+def _tf_warp(levels, matrix):
+  """The Model Garden's `transform`: Keras' `image_preprocessing.transform`
+  with interpolation='nearest' and its default fill_mode='reflect'.
+
+  `levels` [H, W, C] -> [H, W, C]. `matrix` [2, 3] maps output pixel (x, y)
+  (column, row; pixel centres at integers) to the input point it samples,
+  which is reflected into the image (`_tf_reflect`) and rounded half away
+  from zero. Reflection leaves no
+  empty pixel, so the all-ones channel that `wrap` adds never reads 0 and
+  `unwrap`'s fill of 128 never applies (tensorflow/models issue #10493).
+  """
+  h, w, _ = levels.shape
+  ys, xs = jnp.meshgrid(jnp.arange(h, dtype=jnp.float32),
+                        jnp.arange(w, dtype=jnp.float32), indexing='ij')
+  sx = _f32(matrix[0, 0] * xs) + _f32(matrix[0, 1] * ys) + matrix[0, 2]
+  sy = _f32(matrix[1, 0] * xs) + _f32(matrix[1, 1] * ys) + matrix[1, 2]
+  ix = jnp.floor(_tf_reflect(sx, w) + 0.5).astype(jnp.int32)
+  iy = jnp.floor(_tf_reflect(sy, h) + 0.5).astype(jnp.int32)
+  return levels[iy, ix]
+
+
+def _tf_geometric_matrix(op, arg, height, width):
+  """The inverse maps [2, 3] of the Model Garden's geometric ops (identity
+  for the others), on (x, y) = (column, row): ShearX samples x + arg y,
+  ShearY y + arg x, TranslateX x + arg, TranslateY y + arg, and Rotate
+  turns by arg degrees about ((W - 1) / 2, (H - 1) / 2) with the matrix of
+  its `_convert_angles_to_transform`, in float32 as there."""
+  m = jnp.asarray(arg, jnp.float32)
+  one, zero = jnp.ones_like(m), jnp.zeros_like(m)
+  theta = m * jnp.float32(math.pi / 180.)
+  c, s = jnp.cos(theta), jnp.sin(theta)
+  w1, h1 = jnp.float32(width - 1), jnp.float32(height - 1)
+  x_off = (w1 - (_f32(c * w1) - _f32(s * h1))) / 2.
+  y_off = (h1 - (_f32(s * w1) + _f32(c * h1))) / 2.
+  candidates = jnp.stack([
+      jnp.array([[one, m, zero], [zero, one, zero]]),              # ShearX
+      jnp.array([[one, zero, zero], [m, one, zero]]),              # ShearY
+      jnp.array([[one, zero, m], [zero, one, zero]]),              # TranslateX
+      jnp.array([[one, zero, zero], [zero, one, m]]),              # TranslateY
+      jnp.array([[c, -s, x_off], [s, c, y_off]]),                  # Rotate
+      jnp.array([[one, zero, zero], [zero, one, zero]]),           # identity
+  ])
+  return candidates[jnp.minimum(op, _NUM_GEOMETRIC)]
+
+
+def _tf_blend(degenerate, levels, factor):
+  """The Model Garden's blend(degenerate, image, factor): degenerate +
+  factor (image - degenerate) in float32, clipped to [0, 255], truncated."""
+  return jnp.floor(jnp.clip(degenerate + _f32(factor * (levels - degenerate)),
+                            0., 255.))
+
+
+def _tf_grayscale(levels):
+  """`tf.image.rgb_to_grayscale` of a uint8 image [H, W, 3] -> [H, W]: the
+  levels / 255 weighted (0.2989, 0.5870, 0.1140), then x 255.5 truncated
+  (`convert_image_dtype` back to uint8)."""
+  weights = jnp.asarray([0.2989, 0.5870, 0.1140], jnp.float32)
+  gray = (levels * jnp.float32(1. / 255.)) @ weights
+  return jnp.floor(gray * jnp.float32(255.5))
+
+
+def _tf_brightness(levels, factor, _):
+  return _tf_blend(jnp.zeros_like(levels), levels, factor)
+
+
+def _tf_color(levels, factor, _):
+  """Blend with the grayscale image; the identity on one channel."""
+  if levels.shape[-1] == 1:
+    return levels
+  return _tf_blend(_tf_grayscale(levels)[..., None], levels, factor)
+
+
+def _tf_contrast(levels, factor, _):
+  """Blend with a constant that the Model Garden means to be the mean gray
+  level, but computes as the sum of the 256-bin histogram of the grayscale
+  image over 256: the pixel count H W / 256 (196 at 224 x 224), clipped to
+  255 and truncated, whatever the image."""
+  h, w = levels.shape[:2]
+  return _tf_blend(jnp.float32(math.floor(min(h * w / 256., 255.))), levels,
+                   factor)
+
+
+def _tf_sharpness(levels, factor, _):
+  """Blend with the image smoothed by [[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13
+  (float32 weights summed row by row, as TF's depthwise convolution; one
+  level lower where it rounds below a whole level), truncated; the border
+  keeps its levels."""
+  h, w = levels.shape[:2]
+  w1, w5 = jnp.float32(1.) / 13., jnp.float32(5.) / 13.
+  smooth = jnp.zeros((h - 2, w - 2, levels.shape[-1]), jnp.float32)
+  for dy in (0, 1, 2):
+    for dx in (0, 1, 2):
+      weight = w5 if (dy, dx) == (1, 1) else w1
+      smooth = smooth + weight * levels[dy:h - 2 + dy, dx:w - 2 + dx]
+  degenerate = levels.at[1:-1, 1:-1].set(jnp.floor(jnp.clip(smooth, 0., 255.)))
+  return _tf_blend(degenerate, levels, factor)
+
+
+def _tf_posterize(levels, bits, _):
+  """(x >> s) << s with s = 8 - bits, which TF's CPU kernels clamp to 7: 0
+  bits (levels 0-2) keep the top bit, as 1 bit does."""
+  step = jnp.exp2(jnp.clip(8. - bits, 0., 7.))
+  return jnp.floor(levels / step) * step
+
+
+def _tf_solarize(levels, threshold, _):
+  """Inverts the levels >= threshold, the threshold converted to uint8 as
+  TF converts the Python int: 256 (level 10) becomes 0 and inverts every
+  level."""
+  return jnp.where(levels < jnp.mod(threshold, 256.), levels, 255. - levels)
+
+
+def _tf_autocontrast(levels, _, __):
+  """Per channel: x * (255 / (hi - lo)) - lo * (255 / (hi - lo)) in float32,
+  clipped, truncated (the top level can land on 254); constant channels
+  stay."""
+  lo = jnp.min(levels, axis=(0, 1))
+  hi = jnp.max(levels, axis=(0, 1))
+  scale = jnp.float32(255.) / jnp.where(hi > lo, hi - lo, 1.)
+  offset = -lo * scale
+  out = jnp.floor(jnp.clip(_f32(levels * scale) + offset, 0., 255.))
+  return jnp.where(hi > lo, out, levels)
+
+
+def _tf_equalize(levels, _, __):
+  """The Model Garden's equalize builds PIL's lookup table."""
+  out = jax.vmap(_equalize_channel, in_axes=-1, out_axes=-1)(
+      levels.astype(jnp.int32))
+  return out.astype(jnp.float32)
+
+
+def _tf_invert(levels, _, __):
+  return 255. - levels
+
+
+def _tf_solarize_add(levels, addition, _):
+  """Adds `addition` to the levels below 128, clipped to [0, 255]."""
+  return jnp.where(levels < 128., jnp.clip(levels + addition, 0., 255.),
+                   levels)
+
+
+def _tf_cutout(levels, pad_size, key):
+  """Fills rows [cy - pad, cy + pad) and columns [cx - pad, cx + pad),
+  clipped to the image, with 128; the centre (cy, cx) uniform over the
+  pixels, drawn with `key`."""
+  h, w = levels.shape[:2]
+  k_y, k_x = jax.random.split(key)
+  cy = jax.random.randint(k_y, (), 0, h)
+  cx = jax.random.randint(k_x, (), 0, w)
+  pad = jnp.asarray(pad_size, jnp.float32).astype(jnp.int32)
+  rows = jnp.arange(h)[:, None, None]
+  cols = jnp.arange(w)[None, :, None]
+  inside = ((rows >= cy - pad) & (rows < cy + pad)
+            & (cols >= cx - pad) & (cols < cx + pad))
+  return jnp.where(inside, _TF_REPLACE, levels)
+
+
+# Index = op - _NUM_GEOMETRIC + 1; index 0 passes the (warped) image through.
+_TF_VALUE_OPS = (lambda levels, _, __: levels, _tf_brightness, _tf_color,
+                 _tf_contrast, _tf_sharpness, _tf_posterize, _tf_solarize,
+                 _tf_autocontrast, _tf_equalize, _tf_invert, _tf_solarize_add,
+                 _tf_cutout)
+
+
+def tf_autoaugment_op(levels, op, arg, key):
+  """Applies the Model Garden's op number `op` (of `TF_AUTOAUGMENT_OPS`) with
+  argument `arg` (`tf_autoaugment_args`, signed for the geometric ops).
+
+  As `autoaugment_op`: one warp (`_tf_warp`, the identity for the value
+  ops), then a `lax.switch` over the value ops, every branch computed under
+  vmap.
+
+  Args:
+    levels: [H, W, C] float32 holding uint8 levels 0-255 (`_tf_levels`).
+    op: index into `TF_AUTOAUGMENT_OPS`; may be traced.
+    arg: the op's argument; may be traced.
+    key: PRNG key of Cutout's centre.
+
+  Returns:
+    [H, W, C] float32 uint8 levels.
+  """
+  h, w, _ = levels.shape
+  op = jnp.asarray(op, jnp.int32)
+  warped = _tf_warp(levels, _tf_geometric_matrix(op, arg, h, w))
+  index = jnp.maximum(op - _NUM_GEOMETRIC + 1, 0)
+  return jax.lax.switch(index, _TF_VALUE_OPS, warped,
+                        jnp.asarray(arg, jnp.float32), key)
+
+
+def _tf_policy_arrays(policy: str):
+  table = AUTOAUGMENT_POLICIES[policy]
+  ops = np.array([[TF_AUTOAUGMENT_OPS.index(o) for o, _, _ in sub]
+                  for sub in table], np.int32)
+  probs = np.array([[p for _, p, _ in sub] for sub in table], np.float32)
+  levels = np.array([[level for _, _, level in sub] for sub in table],
+                    np.int32)
+  return ops, probs, levels
+
+
+def _tf_autoaugment_draw(rng, policy):
+  """`autoaugment_draw` for impl='tf_model_garden'."""
+  ops, probs, levels = (jnp.asarray(a) for a in _tf_policy_arrays(policy))
+  signed = jnp.asarray([op in _TF_SIGNED_OPS for op in TF_AUTOAUGMENT_OPS])
+  k_sub, k_apply, k_sign = jax.random.split(rng, 3)
+  sub = jax.random.randint(k_sub, (), 0, ops.shape[0])
+  apply = jax.random.uniform(k_apply, (2,)) < probs[sub]
+  op, level = ops[sub], levels[sub]
+  negate = jax.random.bernoulli(k_sign, 0.5, (2,)) & signed[op]
+
+  def magnitudes(height, width):
+    del height, width       # Its arguments do not scale with the image.
+    m = jnp.asarray(tf_autoaugment_args())[op, level]
+    return jnp.where(negate, -m, m)
+
+  return sub, op, magnitudes, apply
+
+
+# Cutout's centres: keys folded from the AutoAugment key, apart from the
+# three that `autoaugment_draw` splits off.
+_TF_CUTOUT_STREAM = 0x43757430
+
+
+def tf_autoaugment(rng, image, *, policy='v0'):
+  """One draw of the Model Garden's `AutoAugment(policy).distort` on one
+  image [H, W, C] float in [0, 1] (impl='tf_model_garden').
+
+  The image becomes uint8 levels (truncated, `_tf_levels`), a sub-policy is
+  drawn uniformly, each of its two ops applies with its probability, with
+  the argument of its level (`tf_autoaugment_args`), negated with
+  probability 1/2 for the geometric ops; every op truncates to uint8 as
+  there. The geometric ops sample the nearest pixel and reflect at the
+  borders (`_tf_warp`); Cutout fills 128. Integer ops match TF exactly; the
+  float ones to float32 rounding (tests/test_autoaugment.py compares them
+  with the TF ops that file calls).
+
+  Cost: under vmap each op computes one warp and all eleven value ops.
+
+  Args:
+    rng: PRNG key.
+    image: [H, W, C] float in [0, 1], C = 1 or 3 (Color is the identity on
+      one channel).
+    policy: a policy the convention defines ('v0').
+
+  Returns:
+    [H, W, C] float32 in [0, 1], on the 256 levels.
+  """
+  h, w, _ = image.shape
+  _, ops, magnitudes, apply = autoaugment_draw(rng, policy, 'tf_model_garden')
+  args = magnitudes(h, w)
+  levels = _tf_levels(image)
+  for slot in range(2):
+    key = jax.random.fold_in(rng, _TF_CUTOUT_STREAM + slot)
+    levels = jnp.where(apply[slot],
+                       tf_autoaugment_op(levels, ops[slot], args[slot], key),
+                       levels)
+  return levels / 255.
 
 
 # The key of a view's AutoAugment draw: folded from the view's key with a
@@ -1194,6 +1618,11 @@ def _validate(cfg: ViewConfig, v: int) -> None:
   if cfg.autoaugment_impl not in AUTOAUGMENT_IMPLS:
     raise ValueError(f'view {v}: autoaugment_impl={cfg.autoaugment_impl!r}; '
                      f'known: {", ".join(AUTOAUGMENT_IMPLS)}.')
+  if cfg.autoaugment:
+    try:
+      check_autoaugment_policy(cfg.autoaugment, cfg.autoaugment_impl)
+    except ValueError as e:
+      raise ValueError(f'view {v}: {e}') from None
   if cfg.size is not None:
     resolve_size(cfg.size, (1, 1))   # Type and range checks only.
   order = parse_op_order(cfg.op_order)

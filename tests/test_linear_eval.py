@@ -247,8 +247,9 @@ def test_the_supcon_tf_preset():
               'rmsprop', pytest.approx(0.05 * 6144 / 256), 6144, 90, 0.9, 0.9,
               1e-3, 1e-6, 'exponential', 12., 0.97, 0.5, 0.05, True,
               'glorot_uniform', False)
-  assert (tf.view.crop_scale, tf.view.flip_p, tf.view.autoaugment) == (
-      (0.08, 1.), 0.5, 'imagenet')
+  assert (tf.view.crop_scale, tf.view.flip_p, tf.view.autoaugment,
+          tf.view.autoaugment_impl) == ((0.08, 1.), 0.5, 'v0',
+                                        'tf_model_garden')
   # configs/papers/supcon.py uses it at the ImageNet scale only.
   assert supcon.get_config('imagenet').evals.linear_eval.preset == 'supcon_tf'
   assert supcon.get_config('cifar10').evals.linear_eval.preset == 'supcon'

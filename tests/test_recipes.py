@@ -213,6 +213,7 @@ def hyperparameters(config) -> dict:
       h['linear_eval.pad_crop'] = probe.view.pad_crop
     if probe.view.autoaugment:
       h['linear_eval.autoaugment'] = probe.view.autoaugment
+      h['linear_eval.autoaugment_impl'] = probe.view.autoaugment_impl
     recipe_default = linear_eval.LinearEvalConfig()
     for field in OPTIONAL_LINEAR_FIELDS:
       if getattr(probe, field) != getattr(recipe_default, field):

@@ -10,7 +10,7 @@ imagenet: the authors' TF code (google-research supcon/scripts/
 supcon_imagenet_resnet50.sh): ResNet-50, tau 0.1, L_out with the loss scaled
 by tau, a linear 128-d head, LARS at batch 6144 (lr 0.4 x B / 256 = 9.6,
 weight decay 1e-3, 12 warmup epochs, cosine) for 350 epochs, AutoAugment
-(torchvision's ImageNet policy; the code's is TF's 'v0'), and its linear stage
+(TF Model Garden's 'v0' policy in its conventions), and its linear stage
 (preset 'supcon_tf': RMSProp at batch 6144, 12 warmup epochs then x0.97
 every half epoch, label smoothing 0.05, on the L2-normalised encoder
 output). Not expressed here: the code also L2-normalises the encoder output
@@ -62,8 +62,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.loss_scale = 0.1
     # --augmentation_type=AUTOAUGMENT: preprocessing.py distorted crop
     # (area 0.08-1), flip, AutoAugment; no colour jitter, grayscale or blur.
-    # Here torchvision's ImageNet policy (the code's is TF's 'v0').
-    config.augment.overrides = ({'autoaugment': 'imagenet',
+    # Its AutoAugment is tensorflow/models' AutoAugment().distort: policy
+    # 'v0' with that file's ops, levels and uint8 arithmetic.
+    config.augment.overrides = ({'autoaugment': 'v0',
+                                 'autoaugment_impl': 'tf_model_garden',
                                  'jitter_strength': 0., 'jitter_p': 0.,
                                  'grayscale_p': 0., 'blur_p': 0.},)
     # Stage 2 of the same script (launcher.py, --stage_2_* flags): the

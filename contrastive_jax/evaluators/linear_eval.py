@@ -213,8 +213,8 @@ PRESETS: dict[str, LinearEvalConfig] = {
     # output (--normalize_embedding=True: models.py classification input),
     # a Glorot-uniform kernel (--zero_initialize_classifier=False), and the
     # pretraining's training images: distorted crop 0.08-1, flip,
-    # AutoAugment (torchvision's ImageNet policy here; the code's is TF's
-    # 'v0', as in configs/papers/supcon.py). Not expressed: the code runs
+    # AutoAugment (TF Model Garden's 'v0' in its conventions, as in
+    # configs/papers/supcon.py). Not expressed: the code runs
     # the frozen encoder's BatchNorm on batch statistics in stage 2
     # (training=True, moving averages not updated; here eval mode), and
     # its epochs are fractional (1281167 / 6144 steps, here whole steps).
@@ -225,7 +225,8 @@ PRESETS: dict[str, LinearEvalConfig] = {
         epochs_per_decay=0.5, label_smoothing=0.05, normalize_features=True,
         classifier_init='glorot_uniform',
         view=augment.ViewConfig(crop_scale=(0.08, 1.), flip_p=0.5,
-                                autoaugment='imagenet')),
+                                autoaugment='v0',
+                                autoaugment_impl='tf_model_garden')),
 }
 
 
