@@ -105,6 +105,10 @@ def get_config() -> ml_collections.ConfigDict:
   # What the head reads from the map: 'pooled' (its global average) or
   # 'features' (the flattened map that evaluation reads).
   config.model.head_input = 'pooled'
+  # L2-normalise that input (each row) before the head: the SupCon authors'
+  # TF code (--normalize_embedding). Evaluation reads the unnormalised
+  # features either way.
+  config.model.normalize_head_input = False
   config.model.head_hidden_dim = 512
   config.model.head_out_dim = 128
   config.model.head_layers = 2

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from contrastive_jax.losses.common import l2_normalize
+
 ModuleDef = Any
 
 
@@ -300,10 +302,17 @@ class ContrastiveModel(nn.Module):
   is), or 'features', the flattened map that evaluation reads, so the loss
   trains the representation itself, as SimCLR's head on its pooled ResNet
   output does. For a vector encoder both are the vector.
+
+  `normalize_head_input` divides each row of that input [B, D] by its L2
+  norm before the head (x rsqrt(max(||x||^2, 1e-12)), tf.nn.l2_normalize's
+  rule): the SupCon authors' TF code (models.py ContrastiveModel with
+  `--normalize_embedding=True`). `features` stays the unnormalised encoder
+  output whatever this field.
   """
   encoder: nn.Module
   head: nn.Module
   head_input: str = 'pooled'
+  normalize_head_input: bool = False
 
   def __call__(self, x, *, train: bool):
     h = self.encoder(x, train=train)
@@ -313,6 +322,8 @@ class ContrastiveModel(nn.Module):
                  else features)
     else:
       features = head_in = h
+    if self.normalize_head_input:
+      head_in = l2_normalize(head_in)
     return {'features': features.astype(jnp.float32),
             'projection': self.head(head_in, train=train).astype(jnp.float32)}
 
@@ -388,7 +399,9 @@ def create_model(config) -> ContrastiveModel:
                         final_bn_scale=config.model.head_final_bn_scale,
                         final_bn_center=config.model.head_final_bn_center,
                         dtype=dtype)
-  return ContrastiveModel(encoder=encoder, head=head, head_input=head_input)
+  return ContrastiveModel(
+      encoder=encoder, head=head, head_input=head_input,
+      normalize_head_input=config.model.normalize_head_input)
 
 
 # ---------------------------------------------------------------------------

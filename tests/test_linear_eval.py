@@ -15,8 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from configs import test as test_config
 from configs.papers import supcon
+from contrastive_jax import config_lib
+from contrastive_jax import evaluators
 from contrastive_jax import runtime
 from contrastive_jax.evaluators import linear_eval
 from input_pipeline import augment
@@ -53,10 +58,15 @@ CFG = linear_eval.LinearEvalConfig(
     view=augment.ViewConfig(crop_scale=None, flip_p=1.0))
 
 
-def _numpy_reference(train, test, cfg):
+def _numpy_reference(train, test, cfg, train_features=None,
+                     eval_features=None):
+  """The SGD loop; `train_features` / `eval_features` map a batch of pixel
+  rows [n, F] to its features (default: the pixels themselves)."""
   x = train.images.astype(np.float64)[:, :, ::-1].reshape(N, -1) / 255.
   y = train.labels
   tx = test.images.astype(np.float64).reshape(len(test), -1) / 255.
+  train_features = train_features or (lambda rows: rows)
+  tx = (eval_features or (lambda rows: rows))(tx)
   w, b = np.zeros((x.shape[1], C)), np.zeros(C)
   mw, mb = np.zeros_like(w), np.zeros_like(b)
   steps_per_epoch = N // cfg.batch_size
@@ -66,12 +76,13 @@ def _numpy_reference(train, test, cfg):
     epoch_losses = []
     for i in range(steps_per_epoch):
       idx = order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
-      logits = x[idx] @ w + b
+      xb = train_features(x[idx])
+      logits = xb @ w + b
       p = np.exp(logits - logits.max(1, keepdims=True))
       p /= p.sum(1, keepdims=True)
       epoch_losses.append(-np.mean(np.log(p[np.arange(len(idx)), y[idx]])))
       resid = (p - np.eye(C)[y[idx]]) / len(idx)
-      gw = x[idx].T @ resid + cfg.weight_decay * w
+      gw = xb.T @ resid + cfg.weight_decay * w
       gb = resid.sum(0) + cfg.weight_decay * b
       lr = cfg.lr * 0.5 * (1 + math.cos(math.pi * step / total))
       mw, mb = cfg.momentum * mw + gw, cfg.momentum * mb + gb
@@ -83,10 +94,10 @@ def _numpy_reference(train, test, cfg):
   return w, b, top1, losses
 
 
-def _run(mesh, cfg=CFG):
+def _run(mesh, cfg=CFG, model=None, variables=None):
   return linear_eval.linear_evaluation(
-      Pixels(), {}, _data(0, N), _data(1, 30), mesh, cfg=cfg, num_classes=C,
-      seed=SEED, eval_batch_size=16)
+      model or Pixels(), variables or {}, _data(0, N), _data(1, 30), mesh,
+      cfg=cfg, num_classes=C, seed=SEED, eval_batch_size=16)
 
 
 def test_matches_a_numpy_sgd_loop_on_flipped_training_images():
@@ -243,10 +254,10 @@ def test_the_supcon_tf_preset():
           tf.rmsprop_decay, tf.rmsprop_eps, tf.weight_decay, tf.schedule,
           tf.warmup_epochs, tf.lr_decay, tf.epochs_per_decay,
           tf.label_smoothing, tf.normalize_features, tf.classifier_init,
-          tf.nesterov) == (
+          tf.nesterov, tf.encoder_bn) == (
               'rmsprop', pytest.approx(0.05 * 6144 / 256), 6144, 90, 0.9, 0.9,
               1e-3, 1e-6, 'exponential', 12., 0.97, 0.5, 0.05, True,
-              'glorot_uniform', False)
+              'glorot_uniform', False, 'batch')
   assert (tf.view.crop_scale, tf.view.flip_p, tf.view.autoaugment,
           tf.view.autoaugment_impl) == ((0.08, 1.), 0.5, 'v0',
                                         'tf_model_garden')
@@ -257,7 +268,8 @@ def test_the_supcon_tf_preset():
   default = linear_eval.LinearEvalConfig()
   assert (default.label_smoothing, default.normalize_features,
           default.classifier_init, default.warmup_epochs,
-          default.epochs_per_decay) == (0., False, 'zeros', 0., 0.)
+          default.epochs_per_decay, default.encoder_bn) == (
+              0., False, 'zeros', 0., 0., 'running')
 
 
 def test_the_exponential_schedule_is_the_tf_codes_closed_form():
@@ -380,7 +392,8 @@ def test_the_new_fields_are_checked():
            (dict(rmsprop_eps=0.), 'rmsprop_eps must be > 0'),
            (dict(rmsprop_decay=1.), 'rmsprop_decay must be in'),
            (dict(classifier_init='normal'), 'classifier_init must be one of'),
-           (dict(lr_decay=0.), 'lr_decay must be > 0')]
+           (dict(lr_decay=0.), 'lr_decay must be > 0'),
+           (dict(encoder_bn='train'), 'encoder_bn must be one of')]
   for fields, match in cases:
     with pytest.raises(ValueError, match=match):
       linear_eval.LinearEvalConfig(**fields)
@@ -469,3 +482,133 @@ def test_the_supcon_tf_preset_runs_with_its_own_augmentation():
       num_classes=C, seed=SEED, eval_batch_size=16)
   assert np.isfinite(out['train_loss_last'])
   assert 0. <= out['top1_last'] <= 1.
+
+
+# The frozen encoder's BatchNorm in the training steps (`encoder_bn`): a
+# one-layer 'encoder', BatchNorm of the pixels, whose statistics and affine
+# parameters are set far from the identity, so that running and batch
+# statistics give different features.
+
+
+class BNPixels(nn.Module):
+  """Features = BatchNorm(pixels in [0, 1]) [B, H W C] (momentum 0.9, eps
+  1e-5, as the encoders')."""
+
+  @nn.compact
+  def __call__(self, x, *, train: bool):
+    x = x.reshape(x.shape[0], -1)
+    return {'features': nn.BatchNorm(use_running_average=not train,
+                                     momentum=0.9, epsilon=1e-5)(x)}
+
+
+F = HW * HW
+
+
+def _bn_variables():
+  rng = np.random.default_rng(7)
+  return {'params': {'BatchNorm_0': {
+              'scale': jnp.asarray(rng.uniform(0.5, 2., F), jnp.float32),
+              'bias': jnp.asarray(rng.normal(0., 0.5, F), jnp.float32)}},
+          'batch_stats': {'BatchNorm_0': {
+              'mean': jnp.asarray(rng.uniform(0.2, 0.8, F), jnp.float32),
+              'var': jnp.asarray(rng.uniform(0.01, 0.2, F), jnp.float32)}}}
+
+
+def _np_bn(rows, variables, mean=None, var=None):
+  """numpy BatchNorm of rows [n, F]: with the given statistics, else the
+  rows' own mean and biased variance."""
+  v = jax.tree.map(lambda a: np.asarray(a, np.float64), variables)
+  if mean is None:
+    mean, var = rows.mean(0), rows.var(0)
+  return ((rows - mean) / np.sqrt(var + 1e-5) * v['params']['BatchNorm_0'][
+      'scale'] + v['params']['BatchNorm_0']['bias'])
+
+
+def _np_running(rows, variables):
+  stats = jax.tree.map(lambda a: np.asarray(a, np.float64),
+                       variables['batch_stats']['BatchNorm_0'])
+  return _np_bn(rows, variables, stats['mean'], stats['var'])
+
+
+def test_batch_statistics_are_the_global_batchs_and_train_nothing():
+  # 16 images sharded over the 8 devices (2 each): 'batch' normalises with
+  # the mean and biased variance of all 16 (what the jitted BatchNorm
+  # reduces), not of each device's 2; 'running' with the running
+  # statistics. No gradient reaches the encoder's variables.
+  mesh = runtime.create_mesh()
+  assert mesh.size == 8
+  variables = _bn_variables()
+  images = np.random.default_rng(3).uniform(0., 1., (16, HW, HW, 1))
+  rows = images.reshape(16, -1)
+  sharded = jax.device_put(jnp.asarray(images, jnp.float32),
+                           NamedSharding(mesh, P('data')))
+  for mode, expected in (('batch', _np_bn(rows, variables)),
+                         ('running', _np_running(rows, variables))):
+    fn = jax.jit(lambda v, x, mode=mode: linear_eval._frozen_features(
+        BNPixels(), v, x, encoder_bn=mode))
+    got = np.asarray(fn(variables, sharded))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    grads = jax.grad(lambda v, mode=mode: jnp.sum(jnp.sin(
+        linear_eval._frozen_features(BNPixels(), v, sharded,
+                                     encoder_bn=mode))))(variables)
+    assert all(not np.any(g) for g in jax.tree.leaves(grads)), mode
+  per_device = np.concatenate([_np_bn(rows[i:i + 2], variables)
+                               for i in range(0, 16, 2)])
+  assert np.abs(per_device - _np_bn(rows, variables)).max() > 0.1
+  assert np.abs(_np_running(rows, variables)
+                - _np_bn(rows, variables)).max() > 0.1
+  with pytest.raises(ValueError, match='encoder_bn must be one of'):
+    linear_eval._frozen_features(BNPixels(), variables, sharded,
+                                 encoder_bn='train')
+
+
+@pytest.mark.parametrize('encoder_bn', ['running', 'batch'])
+def test_a_run_with_encoder_bn_matches_numpy(encoder_bn):
+  # The SGD loop on BatchNorm features: each training step's batch of 16
+  # (over 8 devices) normalised with its own statistics ('batch') or the
+  # running ones ('running'); evaluation always with the running ones. The
+  # statistics are never updated: numpy uses the initial ones throughout.
+  cfg = dataclasses.replace(CFG, encoder_bn=encoder_bn)
+  variables = _bn_variables()
+  before = jax.device_get(variables)
+  out = _run(runtime.create_mesh(), cfg, BNPixels(), variables)
+  train = ((lambda rows: _np_bn(rows, before)) if encoder_bn == 'batch'
+           else (lambda rows: _np_running(rows, before)))
+  w, b, top1, losses = _numpy_reference(
+      _data(0, N), _data(1, 30), cfg, train_features=train,
+      eval_features=lambda rows: _np_running(rows, before))
+  got = jax.device_get(out['classifier'])
+  scale = np.abs(w).max()
+  np.testing.assert_allclose(got['w'], w, atol=1e-4 * scale)
+  np.testing.assert_allclose(got['b'], b, atol=1e-4 * scale)
+  assert out['top1_per_epoch'] == pytest.approx(top1)
+  assert out['train_loss_last'] == pytest.approx(losses[-1], rel=1e-4)
+  for a, b_ in zip(jax.tree.leaves(jax.device_get(variables)),
+                   jax.tree.leaves(before)):
+    np.testing.assert_array_equal(a, b_)
+  # The other mode's features end elsewhere.
+  other = ((lambda rows: _np_running(rows, before)) if encoder_bn == 'batch'
+           else (lambda rows: _np_bn(rows, before)))
+  w_other, _, _, _ = _numpy_reference(
+      _data(0, N), _data(1, 30), cfg, train_features=other,
+      eval_features=lambda rows: _np_running(rows, before))
+  assert np.abs(w_other - w).max() > 100 * 1e-4 * scale
+
+
+def test_batch_statistics_in_groups_need_a_batch_of_whole_groups():
+  # With SplitBatchNorm (config.model.bn_splits) the 'batch' mode normalises
+  # groups of the batch: a batch that does not split is named before
+  # training, a 'running' preset is not concerned.
+  config = test_config.get_config()
+  config.model.bn_splits = 8
+  config.evals = {'lin': evaluators.config_entry(
+      type='linear_eval', preset='supcon_tf', batch_size=20)}
+  config = config_lib.with_defaults(config)
+  with pytest.raises(ValueError, match=r'8 groups.*batch would be 20.*'
+                     r'config.evals.lin.batch_size'):
+    evaluators.validate(config, num_devices=4)
+  config.evals.lin.batch_size = 24
+  evaluators.validate(config, num_devices=4)
+  config.evals.lin.preset = 'simclr'
+  config.evals.lin.batch_size = 20
+  evaluators.validate(config, num_devices=4)

@@ -294,6 +294,39 @@ def test_head_input_chooses_what_the_head_reads(head_input):
                              atol=1e-5)
 
 
+@pytest.mark.parametrize('head_input', ['pooled', 'features'])
+def test_normalize_head_input_feeds_the_head_the_unit_rows(head_input):
+  # The SupCon TF code's --normalize_embedding: the head reads each row of
+  # its input divided by its L2 norm. Recomputed in numpy (float64) from
+  # the map through the one-layer head; `features` is the raw map either
+  # way, equal to the unnormalised model's with the same variables.
+  kw = {'encoder': 'small_cnn', 'head_input': head_input,
+        'encoder_kwargs': {'widths': (4, 8), 'pool': 'none'},
+        'head_hidden_dim': 8, 'head_out_dim': 5, 'head_layers': 1}
+  model = models.create_model(_model_config(**kw,
+                                            normalize_head_input=True))
+  plain = models.create_model(_model_config(**kw))
+  assert model.normalize_head_input and not plain.normalize_head_input
+  # Pixels up to 10 (eval-mode BN at its initial statistics passes the
+  # scale on), so that no row of the head's input has norm near 1.
+  x = 10. * jax.random.uniform(jax.random.key(5), (3, 28, 28, 1))
+  variables = _init(model, x.shape)
+  out = model.apply(variables, x, train=False)
+  ref = plain.apply(variables, x, train=False)
+  features = np.asarray(out['features'], np.float64)
+  np.testing.assert_array_equal(out['features'], ref['features'])
+  head_in = (features.reshape(3, 14 * 14, 8).mean(axis=1)
+             if head_input == 'pooled' else features)
+  unit = head_in / np.linalg.norm(head_in, axis=1, keepdims=True)
+  dense = variables['params']['head']['dense0']
+  expected = unit @ np.asarray(dense['kernel']) + np.asarray(dense['bias'])
+  np.testing.assert_allclose(out['projection'], expected, rtol=1e-5,
+                             atol=1e-6)
+  # The norms are far from 1, so the unnormalised head gives other values.
+  assert np.linalg.norm(head_in, axis=1).min() > 2.
+  assert not np.allclose(ref['projection'], expected, atol=1e-3)
+
+
 def test_unknown_head_input_is_an_error_naming_the_choices():
   config = _model_config(**{
       'encoder': 'small_cnn', 'head_input': 'flat',

@@ -49,7 +49,7 @@ OPTIONAL_VIEW_FIELDS = ('crop_ratio', 'pad_crop', 'autoaugment',
 # them away from their default (SupCon's TF stage 2), as the optional view
 # fields: setting one in a preset fails until the table has its row.
 OPTIONAL_LINEAR_FIELDS = ('label_smoothing', 'normalize_features',
-                          'classifier_init')
+                          'classifier_init', 'encoder_bn')
 # The order in which augment.augment_image applies the ops.
 
 def _plain(x):
@@ -128,6 +128,10 @@ def hyperparameters(config) -> dict:
   if model.head_final_bn:
     h['head.final_bn_scale'] = model.head_final_bn_scale
     h['head.final_bn_center'] = model.head_final_bn_center
+  # Pinned only where a config sets it (SupCon's TF code), as the optional
+  # view fields.
+  if model.normalize_head_input:
+    h['head.normalize_input'] = model.normalize_head_input
   if opt.name in ('sgd', 'lars'):
     h['optimizer.momentum'] = opt.momentum
   if opt.name == 'lars':

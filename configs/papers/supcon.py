@@ -8,14 +8,13 @@ the anchor's label is a positive.
 
 imagenet: the authors' TF code (google-research supcon/scripts/
 supcon_imagenet_resnet50.sh): ResNet-50, tau 0.1, L_out with the loss scaled
-by tau, a linear 128-d head, LARS at batch 6144 (lr 0.4 x B / 256 = 9.6,
-weight decay 1e-3, 12 warmup epochs, cosine) for 350 epochs, AutoAugment
-(TF Model Garden's 'v0' policy in its conventions), and its linear stage
-(preset 'supcon_tf': RMSProp at batch 6144, 12 warmup epochs then x0.97
-every half epoch, label smoothing 0.05, on the L2-normalised encoder
-output). Not expressed here: the code also L2-normalises the encoder output
-before the projection head, and runs the frozen encoder's BatchNorm on batch
-statistics in its linear stage.
+by tau, a linear 128-d head on the L2-normalised encoder output, LARS at
+batch 6144 (lr 0.4 x B / 256 = 9.6, weight decay 1e-3, 12 warmup epochs,
+cosine) for 350 epochs, AutoAugment (TF Model Garden's 'v0' policy in
+its conventions), and its linear stage (preset 'supcon_tf': RMSProp at
+batch 6144, 12 warmup epochs then x0.97 every half epoch, label smoothing
+0.05, on the L2-normalised encoder output, the frozen encoder's BatchNorm
+on the batch's statistics).
 cifar10 / cifar100: SupContrast's CIFAR command (batch 1024, SGD lr 0.5, 10
 warmup epochs from 0.01, cosine, tau 0.1) with ResNet-18 for 200 epochs,
 and its linear evaluation (main_linear.py: SGD lr 5 at batch 512, step decay).
@@ -57,6 +56,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Dense has no bias; this head's keeps one, undecayed).
     config.model.head_layers = 1
     config.model.head_out_dim = 128
+    # SUPCON_FLAGS --normalize_embedding=True: models.py ContrastiveModel
+    # feeds tf.nn.l2_normalize of the encoder output to the projection head
+    # (SupContrast's SupConResNet normalises the head's output only: CIFAR
+    # leaves this off).
+    config.model.normalize_head_input = True
     # --scale_by_temperature=True: losses.py loss *= temperature (no
     # base_temperature, unlike SupContrast's 0.1 / 0.07).
     config.loss_scale = 0.1

@@ -10,8 +10,9 @@ that protocol streamed, on any mesh and any number of processes:
 * each step reads this process's part of a global batch
   (`pipeline.TrainBatches`: the order is a pure function of seed and step),
   augments it on the devices with the preset's `ViewConfig`, runs the encoder
-  in eval mode (BatchNorm running statistics) under stop_gradient (and
-  L2-normalises the features where the preset says so), and updates
+  under stop_gradient with BatchNorm on its running statistics (or on the
+  batch's, `encoder_bn='batch'`, never updating them), L2-normalises the
+  features where the preset says so, and updates
   the replicated [F, C] classifier (data-parallel: the batch is sharded over
   every device of every host, the gradient is a mean over the global batch);
 * after every epoch the evaluation split is scored in `eval_batches` (each
@@ -45,6 +46,7 @@ from input_pipeline import pipeline
 from input_pipeline import sources
 
 OPTIMIZERS = ('sgd', 'adam', 'rmsprop')
+ENCODER_BN = ('running', 'batch')
 SCHEDULES = ('constant', 'cosine', 'step', 'exponential')
 CLASSIFIER_INITS = ('zeros', 'glorot_uniform')
 
@@ -67,6 +69,13 @@ class LinearEvalConfig:
   W = floor(warmup_epochs x steps per epoch) warmup steps, lr x step / W
   for step < W, then lr x lr_decay ^ floor((step - W) / (epochs_per_decay x
   steps per epoch)), the decay counted from the warmup's end.
+
+  `encoder_bn` is the statistics the frozen encoder's BatchNorm uses in the
+  training steps: 'running', its running averages (eval mode, every paper's
+  PyTorch code: `model.eval()`); 'batch', the mean and biased variance of
+  the step's global batch of augmented images (the model applied in train
+  mode, the statistics it would update discarded: the SupCon TF code's
+  stage 2). The evaluation passes use the running averages either way.
 
   Every field's default is the behaviour before the field existed; the
   dataclass checks its values when built (ValueError).
@@ -93,6 +102,7 @@ class LinearEvalConfig:
   label_smoothing: float = 0.0      # targets (1 - a) one_hot + a / C
   normalize_features: bool = False  # L2-normalise the features first
   classifier_init: str = 'zeros'    # 'zeros' or 'glorot_uniform' (kernel)
+  encoder_bn: str = 'running'       # training steps: 'running' or 'batch'
   view: augment.ViewConfig = augment.ViewConfig(crop_scale=(0.08, 1.),
                                                 flip_p=0.5)
 
@@ -137,6 +147,9 @@ class LinearEvalConfig:
     if self.classifier_init not in CLASSIFIER_INITS:
       raise ValueError(f'classifier_init must be one of {CLASSIFIER_INITS}; '
                        f'got {self.classifier_init!r}.')
+    if self.encoder_bn not in ENCODER_BN:
+      raise ValueError(f'encoder_bn must be one of {ENCODER_BN}; got '
+                       f'{self.encoder_bn!r}.')
 
 
 _CROP_FLIP = augment.ViewConfig(crop_scale=(0.08, 1.), flip_p=0.5)
@@ -211,19 +224,26 @@ PRESETS: dict[str, LinearEvalConfig] = {
     # classifier's kernel and bias (coeff x tf.nn.l2_loss: gradient coeff x
     # w), label smoothing 0.05 (IMAGENET_FLAGS), the L2-normalised encoder
     # output (--normalize_embedding=True: models.py classification input),
-    # a Glorot-uniform kernel (--zero_initialize_classifier=False), and the
+    # a Glorot-uniform kernel (--zero_initialize_classifier=False), the
     # pretraining's training images: distorted crop 0.08-1, flip,
     # AutoAugment (TF Model Garden's 'v0' in its conventions, as in
-    # configs/papers/supcon.py). Not expressed: the code runs
-    # the frozen encoder's BatchNorm on batch statistics in stage 2
-    # (training=True, moving averages not updated; here eval mode), and
-    # its epochs are fractional (1281167 / 6144 steps, here whole steps).
+    # configs/papers/supcon.py), and the frozen encoder's
+    # BatchNorm on batch statistics (launcher.py calls the model with
+    # training=True in every training step, and
+    # --stage_2_update_encoder_batch_norm=False leaves the moving averages;
+    # --use_global_batch_norm, default True: blocks.py BatchNormalization's
+    # cross-replica statistics of the global batch, as jit's here;
+    # evaluation, training=False, reads the moving averages). Not
+    # expressed: TF's stage-2 batch holds both augmented views of each
+    # image (the BN statistics over 2 x 6144 images, the classifier trained
+    # on the first view's logits; here one view of 6144), and its epochs
+    # are fractional (1281167 / 6144 steps, here whole steps).
     'supcon_tf': LinearEvalConfig(
         optimizer='rmsprop', lr=1.2, epochs=90, batch_size=6144, momentum=0.9,
         rmsprop_decay=0.9, rmsprop_eps=1e-3, weight_decay=1e-6,
         schedule='exponential', warmup_epochs=12., lr_decay=0.97,
         epochs_per_decay=0.5, label_smoothing=0.05, normalize_features=True,
-        classifier_init='glorot_uniform',
+        classifier_init='glorot_uniform', encoder_bn='batch',
         view=augment.ViewConfig(crop_scale=(0.08, 1.), flip_p=0.5,
                                 autoaugment='v0',
                                 autoaugment_impl='tf_model_garden')),
@@ -308,11 +328,27 @@ def optimizer(cfg: LinearEvalConfig,
   return optax.chain(decay, opt)
 
 
-def _frozen_features(model, variables, images, normalize: bool = False):
-  """Eval-mode encoder features [B, F] float32, no gradient to the encoder;
-  with `normalize`, each row divided by its L2 norm (floored at 1e-6, i.e.
-  tf.nn.l2_normalize's epsilon 1e-12 on the squared norm)."""
-  out = model.apply(variables, images, train=False)
+def _frozen_features(model, variables, images, normalize: bool = False,
+                     encoder_bn: str = 'running'):
+  """Encoder features [B, F] float32 of images [B, H, W, C], no gradient to
+  the encoder.
+
+  `encoder_bn` 'running': eval mode, BatchNorm on its running statistics.
+  'batch': train mode, BatchNorm on the mean and biased variance of this
+  batch (under jit, of the global batch however it is sharded; groups of
+  it where the encoder has SplitBatchNorm); the updated statistics it
+  returns are discarded, so `variables` stays as it is. With `normalize`,
+  each row divided by its L2 norm (floored at 1e-6, i.e.
+  tf.nn.l2_normalize's epsilon 1e-12 on the squared norm).
+  """
+  if encoder_bn == 'batch':
+    out, _ = model.apply(variables, images, train=True,
+                         mutable=['batch_stats'])
+  elif encoder_bn == 'running':
+    out = model.apply(variables, images, train=False)
+  else:
+    raise ValueError(f'encoder_bn must be one of {ENCODER_BN}; got '
+                     f'{encoder_bn!r}.')
   # The encoder is frozen: the classifier's loss must not train it.
   features = jax.lax.stop_gradient(out['features'].astype(jnp.float32))
   if normalize:
@@ -371,7 +407,9 @@ def make_step_fns(model, tx, cfg: LinearEvalConfig, mesh, *,
   augmented with `cfg.view`, the loss the (label-smoothed) cross-entropy.
   eval_counts(params, variables, images, labels, mask) -> (top-1 correct,
   top-5 correct, count), int32 scalars over the global batch. Both read the
-  features L2-normalised when `cfg.normalize_features`.
+  features L2-normalised when `cfg.normalize_features`; train_step's
+  encoder BatchNorm uses `cfg.encoder_bn`'s statistics, eval_counts' the
+  running ones.
   """
   replicated = NamedSharding(mesh, P())
   rows = NamedSharding(mesh, P('data'))
@@ -385,7 +423,8 @@ def make_step_fns(model, tx, cfg: LinearEvalConfig, mesh, *,
   def train_step(params, opt_state, variables, images, labels, rng):
     x = augment.augment_groups(rng, images, (view,),
                                host_cropped=host_cropped)[0][:, 0]
-    features = _frozen_features(model, variables, x, normalize)
+    features = _frozen_features(model, variables, x, normalize,
+                                cfg.encoder_bn)
 
     def loss_fn(p):
       return jnp.mean(cross_entropy(_logits(p, features), labels,
@@ -533,6 +572,13 @@ class LinearEval(base.Evaluator):
           f'not divisible by the {num_devices} devices; set '
           f'config.evals.{self.name}.batch_size to a multiple of them'
           + (f' below {num_train}.' if num_train is not None else '.'))
+    splits = config.model.bn_splits
+    if self.recipe.encoder_bn == 'batch' and splits and batch % splits:
+      raise ValueError(
+          f'the {self.cfg.preset!r} linear evaluation runs the encoder\'s '
+          f'BatchNorm on batch statistics in {splits} groups '
+          f'(config.model.bn_splits), but its batch would be {batch}; set '
+          f'config.evals.{self.name}.batch_size to a multiple of {splits}.')
 
   def units(self, env) -> int:
     return 0      # Its own progress bar: epochs of training.
