@@ -1,7 +1,9 @@
 r"""The streamed input pipeline on this CPU: host memory, images/s vs PyTorch.
 
 Run from the repository root (6-9 minutes on the shared 2-core CPU; the
-first run also writes the JPEG sets, ~1 minute, cached under --cache_dir):
+first run also writes the JPEG sets, ~1 minute, cached under --cache_dir;
+table 2 alone, `--no-rss --no-queue --no-fmnist --no-colour32`, about 2
+minutes):
 
     PYTHONPATH=. .venv/bin/python benchmarks/input_pipeline.py
     PYTHONPATH=. .venv/bin/python benchmarks/input_pipeline.py --quick
@@ -27,19 +29,34 @@ One run prints five tables:
 2. Input images/s at 224 px with SimCLR's augmentations, 2 views
    (`augment.PRESETS['simclr']`: random resized crop (0.08, 1), flip, colour
    jitter strength 1 at p 0.8, grayscale 0.2, blur 0.5), on the larger set:
-   * ours: `TrainBatches(ImageFolder(...)).iterate()` (host decode + fit,
-     grain prefetch) then `augment.augment_batch` jitted on the 8-virtual-
-     device mesh exactly as contrastive_jax/train.py builds `augment_fn`;
+   * ours: `TrainBatches(ImageFolder(...)).iterate()` (host decode, with the
+     JPEG draft reduction, + fit to the 224 centre square; grain prefetch)
+     then `augment.augment_groups` jitted on the 8-virtual-device mesh,
+     random resized crop included: the config (configs/base.py's, completed
+     by `config_lib.with_defaults`), the fit, the views and `augment_fn` are
+     made exactly as contrastive_jax/train.py makes them;
+   * ours, full_image (`--no-full_image` skips it): the same with
+     `config.dataset.train_crop_source='full_image'`: `TrainBatches(...,
+     fit=sources.training_fit(config.dataset, views, seed))` cuts each
+     view's random resized crop on the host from the image decoded at full
+     resolution (`sources.RandomCrops`, batches [B, V, 224, 224, 3]) and
+     `augment_groups(..., host_cropped=True)` skips only the crop;
    * peer: `benchmarks/torch_dataloader_peer.py` under --torch_python, a
      torch `DataLoader(num_workers=2, pin_memory=False)` whose Dataset opens
      each JPEG with PIL and makes the same two views with PIL
-     implementations of torchvision's transforms (the same recipe's numbers,
-     passed from the preset).
-   Alternated ours, peer, ours, peer (--rounds), each timed over --batches
-   batches after --warmup (compilation and worker start-up excluded);
-   images/s per round, ours / peer, and the medians. A breakdown column
-   times our augmentation alone on a batch already on the mesh (host
-   streaming alone is table 1's img/s).
+     implementations of torchvision's transforms (RandomResizedCrop of the
+     full image; the same recipe's numbers, passed from the preset).
+   Alternated ours, ours full_image, peer per round (--rounds), each timed
+   over --batches batches after --warmup (compilation and worker start-up
+   excluded); images/s per round, ours / peer, full_image / ours and
+   full_image / peer per round, and the medians. A breakdown times, for each
+   of ours, the augmentation alone on a batch already on the mesh, and the
+   host alone: the same `iterate()` (decode + fit or crops, grain, transfer
+   to the mesh) with no augmentation, which is the host cost of the crop
+   source. The generated JPEGs are ~256 px (--image_side), where the draft
+   reduction does not apply; `--image_side=500` makes ImageNet-like sizes,
+   where `center_square` decodes at half resolution and `full_image` does
+   not.
 3. Bytes moved by collectives per MoCo v2 step, queue gathered (before) and
    sharded (now), from `benchmarks/queue_comm.py`'s own functions (its
    script prints the full table with step times and the largest ops).
@@ -227,11 +244,48 @@ def measure_rss(root: pathlib.Path, batch: int, image_size: int,
 # 2. Images/s: ours (in this process) and the torch peer (a subprocess).
 
 
+CROP_SOURCES = ('center_square', 'full_image')
+
+
+def bench_config(root, *, image_size, preset, num_views, crop_source, seed=0,
+                 num_workers=0):
+  """configs/base.py's config for the benchmark's image folder, with
+  `config.dataset.train_crop_source=crop_source` (completed and checked as a
+  run's config is: `config_lib.with_defaults`, `sources.check_crop_options`).
+  """
+  from configs import base  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import config_lib  # pylint: disable=g-import-not-at-top
+  from input_pipeline import sources  # pylint: disable=g-import-not-at-top
+  config = base.get_config()
+  config.seed = seed
+  config.dataset.name = 'image_folder'
+  config.dataset.data_dir = str(root)
+  config.dataset.in_memory = False
+  config.dataset.image_size = image_size
+  config.dataset.num_workers = num_workers
+  config.dataset.train_crop_source = crop_source
+  config.augment.preset = preset
+  config.augment.num_views = num_views
+  config = config_lib.with_defaults(config)
+  sources.check_crop_options(config.dataset)
+  return config
+
+
 class Ours:
-  """TrainBatches(ImageFolder).iterate() + train.py's jitted augment_fn."""
+  """TrainBatches(ImageFolder).iterate() + train.py's jitted augment_fn.
+
+  crop_source: `config.dataset.train_crop_source`. 'center_square': the host
+    decodes (with the JPEG draft reduction) and fits each image to the
+    image_size square, the devices cut every view's random resized crop;
+    'full_image': the host decodes at full resolution and cuts and resizes
+    each view's crop (`sources.RandomCrops`, batches [B, V, S, S, C]), the
+    devices skip only the crop (`host_cropped=True`). The source, the fit,
+    the views and augment_fn are made from the config as
+    contrastive_jax/train.py's train_and_evaluate makes them.
+  """
 
   def __init__(self, root, *, batch, image_size, preset, num_views, seed=0,
-               num_workers=0):
+               num_workers=0, crop_source='center_square'):
     import jax  # pylint: disable=g-import-not-at-top
     from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
     from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
@@ -240,35 +294,52 @@ class Ours:
     from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
     from input_pipeline import sources  # pylint: disable=g-import-not-at-top
     self.jax = jax
+    self.crop_source = crop_source
+    config = bench_config(root, image_size=image_size, preset=preset,
+                          num_views=num_views, crop_source=crop_source,
+                          seed=seed, num_workers=num_workers)
+    self.config = config
+    dc = config.dataset
     mesh = runtime.create_mesh()
-    data_sharding = NamedSharding(mesh, P('data'))
+    rows = NamedSharding(mesh, P('data'))
     replicated = NamedSharding(mesh, P())
-    self.source = sources.ImageFolder(root, 'train', image_size=image_size)
-    self.batches = pipeline.TrainBatches(self.source, global_batch_size=batch,
-                                         seed=seed, sharding=data_sharding,
-                                         num_workers=num_workers)
-    views_cfg = augment.build_views(preset, num_views, ())
-    aug_rng = jax.random.key(seed)
-    # As contrastive_jax/train.py's train_and_evaluate builds it.
-    self.augment_fn = jax.jit(
-        lambda step, images: augment.augment_batch(
-            jax.random.fold_in(aug_rng, step), images, views_cfg),
-        in_shardings=(replicated, data_sharding), out_shardings=data_sharding)
+    self.source = sources.ImageFolder(dc.data_dir, 'train',
+                                      image_size=dc.image_size,
+                                      fit=sources.source_fit(dc))
+    # From here as contrastive_jax/train.py's train_and_evaluate.
+    views = augment.build_views(config.augment.preset,
+                                config.augment.num_views,
+                                config.augment.overrides,
+                                config.augment.op_order)
+    self.fit = sources.training_fit(dc, views, config.seed)
+    self.batches = pipeline.TrainBatches(
+        self.source, global_batch_size=batch, seed=config.seed, sharding=rows,
+        num_workers=dc.num_workers, fit=self.fit)
+    aug_rng = jax.random.split(jax.random.key(config.seed), 3)[1]
+    self.augment_fn = jax.jit(lambda step, images: augment.augment_groups(
+        jax.random.fold_in(aug_rng, step), images, views,
+        host_cropped=isinstance(self.fit, sources.RandomCrops)),
+                              in_shardings=(replicated, rows),
+                              out_shardings=rows)
     self.batch, self.num_views = batch, num_views
-    self.image_shape = self.source.image_shape
     t0 = time.perf_counter()
     self._resident = self.batches(0)['image']
+    self.batch_shape = tuple(self._resident.shape)
     jax.block_until_ready(self.augment_fn(0, self._resident))
     self.compile_s = time.perf_counter() - t0
 
-  def throughput(self, start: int, warmup: int, timed: int) -> float:
+  def throughput(self, start: int, warmup: int, timed: int,
+                 augment: bool = True) -> float:
     """Images/s over `timed` batches after `warmup` (counted from receipt of
-    augmented batch `warmup`, as the peer counts from its batch `warmup`)."""
+    augmented batch `warmup`, as the peer counts from its batch `warmup`).
+
+    augment=False: the batches alone (host decode + fit + transfer to the
+    mesh), the host's cost of the crop source."""
     jax = self.jax
     prev, t0, images = None, None, 0
     stop = start + warmup + timed + 1
     for k, b in enumerate(self.batches.iterate(start, stop)):
-      out = self.augment_fn(start + k, b['image'])
+      out = self.augment_fn(start + k, b['image']) if augment else b['image']
       if prev is not None:   # One step in flight, as a training loop keeps.
         jax.block_until_ready(prev)
       prev = out
@@ -492,6 +563,140 @@ def _train_step_views_per_s(iters: int) -> float:
 # --------------------------------------------------------------------------
 
 
+def throughput_table(args, root, *, batch, rounds, timed, preset, num_views,
+                     quick) -> list[str]:
+  """Table 2: per round, ours (center_square), ours (full_image) and the
+  peer, alternated; then each of ours' augmentation alone and host alone."""
+  crop_sources = CROP_SOURCES if args.full_image else CROP_SOURCES[:1]
+  variants = {}
+  for cs in crop_sources:
+    log(f'throughput: compiling {preset} augment_fn ({cs}) for batch '
+        f'{batch} ...')
+    variants[cs] = Ours(root, batch=batch, image_size=args.image_size,
+                        preset=preset, num_views=num_views, crop_source=cs)
+  ours = variants['center_square']
+  have_torch = os.path.exists(args.torch_python)
+  recipe = peer_args(preset, num_views)
+  span = args.warmup + timed + 2
+  rows = []   # Per round: {'e2e': {cs: img/s}, 'aug': ..., 'host': ..., 'peer'}
+  for r in range(rounds):
+    row = {'e2e': {}, 'aug': {}, 'host': {}, 'peer': None}
+    for cs, o in variants.items():
+      log(f'round {r + 1}: ours ({cs}) ...')
+      row['e2e'][cs] = o.throughput(1 + 2 * r * span, args.warmup, timed)
+      row['aug'][cs] = o.augment_only(2 if quick else 3)
+      row['host'][cs] = o.throughput(1 + (2 * r + 1) * span, args.warmup,
+                                     timed, augment=False)
+    if have_torch:
+      log(f'round {r + 1}: peer ...')
+      row['peer'] = run_peer(args.torch_python, root, batch=batch,
+                             image_size=args.image_size, warmup=args.warmup,
+                             timed=timed, workers=args.workers, seed=r,
+                             recipe=recipe)
+    rows.append(row)
+
+  full = 'full_image' in variants
+  out = [
+      f'\n2. Input images/s, {args.image_size} px, {preset} preset x '
+      f'{num_views} views, batch {batch}, {root.name} ({len(ours.source):,}'
+      f' JPEGs); each round: {args.warmup} warm-up + {timed} timed '
+      'batches; alternated ' + ', '.join(
+          [f'ours ({cs})' for cs in variants] + ['peer']),
+      '   ours (center_square, the default): ImageFolder decode (JPEG draft) '
+      f'+ fit to the {args.image_size} square (PIL, thread pool) + grain '
+      'prefetch -> augment.augment_groups jitted on the '
+      f'{ours.jax.device_count()}-device CPU mesh, random resized crop '
+      'included, as contrastive_jax/train.py builds augment_fn (compiled '
+      f'once, {ours.compile_s:.0f} s, not timed); batches '
+      f'{list(ours.batch_shape)}']
+  if full:
+    f_ours = variants['full_image']
+    out.append(
+        "   full_image: config.dataset.train_crop_source='full_image': the "
+        'host decodes at full resolution and cuts and resizes each view\'s '
+        'crop (sources.RandomCrops via sources.training_fit), the devices '
+        'skip only the crop (host_cropped=True); batches '
+        f'{list(f_ours.batch_shape)} (compiled in {f_ours.compile_s:.0f} s)')
+  out.append(f'   peer: torch DataLoader(num_workers={args.workers}, '
+             'pin_memory=False), PIL transforms as torchvision\'s (its '
+             'RandomResizedCrop from the full image), same recipe '
+             f'({" ".join(recipe[:-1])})')
+  head = f'   {"round":<8}{"ours":>9}'
+  if full:
+    head += f'{"full_image":>12}'
+  head += f'{"peer":>9}{"ours/peer":>11}'
+  if full:
+    head += f'{"full/ours":>11}{"full/peer":>11}'
+  out.append(head + '   (img/s)')
+
+  def line(label, e2e, peer, ratios):
+    text = f'   {label:<8}{e2e["center_square"]:>9.1f}'
+    if full:
+      text += f'{e2e["full_image"]:>12.1f}'
+    text += f'{peer:>9.1f}' if peer is not None else f'{"skipped":>9}'
+    for ratio in ratios:
+      text += f'{ratio:>10.2f}x' if ratio is not None else f'{"-":>11}'
+    return text
+
+  def ratios(e2e, peer):
+    c = e2e['center_square']
+    res = [c / peer if peer else None]
+    if full:
+      f = e2e['full_image']
+      res += [f / c, f / peer if peer else None]
+    return res
+
+  per_round = []
+  for r, row in enumerate(rows):
+    peer = row['peer']['images_per_s'] if row['peer'] else None
+    per_round.append(ratios(row['e2e'], peer))
+    out.append(line(str(r + 1), row['e2e'], peer, per_round[-1]))
+  med = {cs: statistics.median(row['e2e'][cs] for row in rows)
+         for cs in variants}
+  med_peer = (statistics.median(row['peer']['images_per_s'] for row in rows)
+              if have_torch else None)
+  med_ratios = [None if any(x[i] is None for x in per_round) else
+                statistics.median(x[i] for x in per_round)
+                for i in range(len(per_round[0]))]
+  out.append(line('median', med, med_peer, med_ratios))
+  out.append('   ratios: per round, of figures measured minutes apart; the '
+             'median row\'s ratios are the medians of the rounds\' ratios.')
+  if have_torch:
+    out.append(f'   peer: torch {rows[0]["peer"]["torch"]}, PIL in '
+               f'{args.workers} worker processes')
+  else:
+    out.append(f'   PEER SKIPPED: {args.torch_python} does not exist. '
+               f'Create it with: {TORCH_SETUP}')
+  out.append('   timing windows start and end at a batch\'s arrival, so a '
+             f'round is exact to about +-1 batch of {timed}.')
+
+  # Breakdown.
+  head = f'   {"round":<8}'
+  for what in ('augment alone', 'host alone'):
+    for cs in variants:
+      head += f'{what + (", full" if cs == "full_image" else ""):>20}'
+  out.append('   breakdown (img/s): "augment alone": augment_fn on a batch '
+             'already on the mesh, after the round\'s timing; "host alone": '
+             'the same TrainBatches.iterate (decode + fit / crops + grain + '
+             'transfer to the mesh) with no augmentation, '
+             f'{args.warmup} + {timed} batches of other steps')
+  out.append(head)
+  for label, vals in [(str(r + 1), row) for r, row in enumerate(rows)] + [
+      ('median', {k: {cs: statistics.median(row[k][cs] for row in rows)
+                      for cs in variants} for k in ('aug', 'host')})]:
+    text = f'   {label:<8}'
+    for k in ('aug', 'host'):
+      for cs in variants:
+        text += f'{vals[k][cs]:>20.1f}'
+    out.append(text)
+  if full:
+    h = {cs: statistics.median(row['host'][cs] for row in rows)
+         for cs in variants}
+    out.append(f'   host alone, full_image / center_square: '
+               f'{h["full_image"] / h["center_square"]:.2f}x (medians)')
+  return out
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--quick', action='store_true',
@@ -528,6 +733,11 @@ def main():
   for part in ('rss', 'throughput', 'queue', 'fmnist', 'colour32'):
     parser.add_argument(f'--{part}', action=argparse.BooleanOptionalAction,
                         default=True, help=f'run the {part} table.')
+  parser.add_argument('--full_image', action=argparse.BooleanOptionalAction,
+                      default=True,
+                      help="table 2's ours with config.dataset."
+                      "train_crop_source='full_image' beside the default "
+                      "'center_square' (--no-full_image: the default only).")
   parser.add_argument('--_rss_child', default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
 
@@ -597,66 +807,9 @@ def main():
 
   # 2. Throughput.
   if args.throughput:
-    root = roots[-1]
-    log(f'throughput: compiling {preset} augment_fn for batch {batch} ...')
-    ours = Ours(root, batch=batch, image_size=args.image_size, preset=preset,
-                num_views=num_views)
-    have_torch = os.path.exists(args.torch_python)
-    recipe = peer_args(preset, num_views)
-    results = []
-    span = args.warmup + timed + 2
-    for r in range(rounds):
-      log(f'round {r + 1}: ours ...')
-      o = ours.throughput(1 + r * span, args.warmup, timed)
-      a = ours.augment_only(2 if quick else 3)
-      p = None
-      if have_torch:
-        log(f'round {r + 1}: peer ...')
-        p = run_peer(args.torch_python, root, batch=batch,
-                     image_size=args.image_size, warmup=args.warmup,
-                     timed=timed, workers=args.workers, seed=r,
-                     recipe=recipe)
-      results.append((o, p, a))
-    out.append(
-        f'\n2. Input images/s, {args.image_size} px, {preset} preset x '
-        f'{num_views} views, batch {batch}, {root.name} ({len(ours.source):,}'
-        f' JPEGs); each round: {args.warmup} warm-up + {timed} timed '
-        'batches; alternated ours, peer')
-    out.append('   ours: ImageFolder decode+fit (PIL, thread pool) + grain '
-               'prefetch -> augment.augment_batch jitted on the '
-               f'{ours.jax.device_count()}-device CPU mesh '
-               f'(compiled once, {ours.compile_s:.0f} s, not timed)')
-    out.append(f'   peer: torch DataLoader(num_workers={args.workers}, '
-               'pin_memory=False), PIL transforms as torchvision\'s, same '
-               f'recipe ({" ".join(recipe[:-1])})')
-    out.append(f'   {"round":<8}{"ours img/s":>12}{"peer img/s":>12}'
-               f'{"ours/peer":>11}{"ours: augment alone":>21}')
-    for r, (o, p, a) in enumerate(results):
-      if p is None:
-        out.append(f'   {r + 1:<8}{o:>12.1f}{"skipped":>12}{"-":>11}'
-                   f'{a:>21.1f}')
-      else:
-        out.append(f'   {r + 1:<8}{o:>12.1f}{p["images_per_s"]:>12.1f}'
-                   f'{o / p["images_per_s"]:>10.2f}x{a:>21.1f}')
-    med_o = statistics.median(o for o, _, _ in results)
-    med_a = statistics.median(a for _, _, a in results)
-    if have_torch:
-      med_p = statistics.median(p['images_per_s'] for _, p, _ in results)
-      out.append(f'   {"median":<8}{med_o:>12.1f}{med_p:>12.1f}'
-                 f'{med_o / med_p:>10.2f}x{med_a:>21.1f}')
-      out.append(f'   peer: torch {results[0][1]["torch"]}, PIL in '
-                 f'{args.workers} worker processes')
-    else:
-      out.append(f'   {"median":<8}{med_o:>12.1f}{"skipped":>12}{"-":>11}'
-                 f'{med_a:>21.1f}')
-      out.append(f'   PEER SKIPPED: {args.torch_python} does not exist. '
-                 f'Create it with: {TORCH_SETUP}')
-    out.append('   timing windows start and end at a batch\'s arrival, so a '
-               f'round is exact to about +-1 batch of {timed}.')
-    out.append('   "augment alone": augment_fn on a batch already on the '
-               'mesh, timed after each round; host streaming alone (decode+'
-               'fit, no augmentation) is the "img/s" column of table 1.')
-    del ours
+    out.extend(throughput_table(args, roots[-1], batch=batch, rounds=rounds,
+                                timed=timed, preset=preset,
+                                num_views=num_views, quick=quick))
 
   # 3. Queue.
   if args.queue:
