@@ -530,8 +530,10 @@ def input_pipeline(args) -> dict:
   """Ours (host decode + device augmentation) against the DataLoader peer.
 
   Ours decodes on the training process's threads (`num_workers=0`) and in
-  one worker process per core (`config.dataset.num_workers=-1`); the peer
-  runs a DataLoader with one worker per core. Alternated, 2 rounds.
+  one worker process per core (`config.dataset.num_workers=-1`), and, in
+  processes, with each view's crop cut on the host from the full image
+  (`train_crop_source='full_image'`, the ImageNet paper configs' path); the
+  peer runs a DataLoader with one worker per core. Alternated, 2 rounds.
   """
   from benchmarks import input_pipeline as ip  # pylint: disable=g-import-not-at-top
   cores = len(os.sched_getaffinity(0))
@@ -540,8 +542,12 @@ def input_pipeline(args) -> dict:
   root = ip.make_image_folder(os.path.join(args.cache_dir, 'jpeg'), n, side)
   warmup, timed = (1, 2) if args.dry else (2, 6)
   ours = {name: ip.Ours(root, batch=batch, image_size=size, preset='simclr',
-                        num_views=2, num_workers=workers)
-          for name, workers in (('threads', 0), ('processes', cores))}
+                        num_views=2, num_workers=workers,
+                        crop_source=crop_source)
+          for name, workers, crop_source in (
+              ('threads', 0, 'center_square'),
+              ('processes', cores, 'center_square'),
+              ('full_image', cores, 'full_image'))}
   result = {'cores': cores, 'images': n, 'jpeg_side': side, 'batch': batch,
             'image_size': size, **{f'ours_{k}': [] for k in ours},
             'peer': []}
@@ -566,6 +572,8 @@ def input_pipeline(args) -> dict:
     result['peer_median'] = statistics.median(result['peer'])
     result['ours_over_peer'] = (result['ours_processes_median'] /
                                 result['peer_median'])
+  result['full_image_over_ours'] = (result['ours_full_image_median'] /
+                                    result['ours_processes_median'])
   return result
 
 
@@ -688,7 +696,9 @@ def _table(report: dict) -> str:
             if 'peer_median' in inp else '')
     lines.append(f'input   {inp["cores"]} cores: ours '
                  f'{inp["ours_processes_median"]:,.0f} images/s in processes,'
-                 f' {inp["ours_threads_median"]:,.0f} on threads{peer}')
+                 f' {inp["ours_threads_median"]:,.0f} on threads{peer}; '
+                 f'full_image {inp["ours_full_image_median"]:,.0f} '
+                 f'({inp["full_image_over_ours"]:.2f}x)')
   for part, r in report.items():
     if isinstance(r, dict) and 'error' in r:
       lines.append(f'{part:<7} FAILED: {r["error"][:200]}')

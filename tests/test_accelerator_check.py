@@ -37,4 +37,6 @@ def test_dry_run_reports_every_part(tmp_path):
   inp = report['input']
   assert inp['ours_threads_median'] > 0 and inp['peer'] == []
   assert inp['ours_processes_median'] > 0
+  assert inp['ours_full_image_median'] > 0 and inp['full_image_over_ours'] > 0
+  assert 'full_image' in proc.stdout
   assert 'r50     ours  batch 4' in proc.stdout
