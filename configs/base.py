@@ -197,9 +197,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.warmup_fraction = 0.05   # Of all steps.
   # The lr the linear warmup starts from (SupContrast: 0.01); 0: from 0.
   config.optimizer.warmup_init_lr = 0.
-  # After the warmup: 'cosine' decay to 0, or 'step': x lr_decay at each of
-  # decay_epochs (InsDis, MoCo v1: x0.1 at epochs 120 and 160 of 200).
+  # After the warmup: 'cosine' decay to cosine_final x the peak lr, or
+  # 'step': x lr_decay at each of decay_epochs (InsDis, MoCo v1: x0.1 at
+  # epochs 120 and 160 of 200).
   config.optimizer.schedule = 'cosine'
+  # 'cosine' only: the last step's lr as a fraction of the peak, in [0, 1):
+  # 0 decays to 0 (SimCLR, MoCo v2/v3, solo-learn, lightly); SupContrast
+  # and TCL end at eta_min = lr x lr_decay_rate^3 = 1e-3 x lr. The cosine is
+  # evaluated at every step (MoCo v2's and SupContrast's per epoch).
+  config.optimizer.cosine_final = 0.
   config.optimizer.decay_epochs = ()
   config.optimizer.lr_decay = 0.1
 

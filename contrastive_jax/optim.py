@@ -1,9 +1,10 @@
 """The optimizer and its learning-rate schedule, from `config.optimizer`.
 
 Linear scaling (peak lr = base_learning_rate x batch / 256), warmup, then
-cosine decay or step decay; AdamW, SGD with momentum, or LARS (optax's, or
-solo-learn's clipped variant). Weight decay and LARS adaptation skip biases
-and BatchNorm parameters (1-D leaves) unless `decay_biases_and_bn`.
+cosine decay (to 0 or to a floor, `cosine_final`) or step decay; AdamW, SGD
+with momentum, or LARS (optax's, or solo-learn's clipped variant). Weight
+decay and LARS adaptation skip biases and BatchNorm parameters (1-D leaves)
+unless `decay_biases_and_bn`.
 """
 
 from __future__ import annotations
@@ -16,12 +17,19 @@ import optax
 
 
 def learning_rate_schedule(config, total_steps: int) -> optax.Schedule:
-  """Step -> learning rate: linear warmup, then cosine decay to 0 or steps.
+  """Step -> learning rate: linear warmup, then cosine decay or steps.
 
   `config.optimizer.schedule`: 'cosine' (SimCLR, MoCo v2/v3) or 'step'
   (InsDis, MoCo v1: multiplied by `lr_decay` at each of `decay_epochs`).
   The warmup rises linearly from `warmup_init_lr` (an absolute learning
-  rate: 0 for SimCLR and MoCo v3, 0.01 for SupContrast) to the peak.
+  rate: 0 for SimCLR and MoCo v3, 0.01 for SupContrast) to the peak. The
+  cosine runs from the peak at the warmup's end to `cosine_final` x peak at
+  the last step (0: to 0, SimCLR and MoCo; 1e-3: SupContrast's eta_min):
+    lr(t) = f + (peak - f) (1 + cos(pi (t - W) / (T - W))) / 2
+  for W <= t <= T (W warmup steps of T), f = cosine_final x peak. It is
+  evaluated at every step, also for the recipes whose official code sets it
+  once per epoch (MoCo v2, lightly's CIFAR benchmark, SupContrast, TCL;
+  docs/recipe_audit.md).
   """
   opt = config.optimizer
   # Linear scaling rule (Goyal et al. 2017): lr = base_lr * batch / 256.
@@ -29,19 +37,32 @@ def learning_rate_schedule(config, total_steps: int) -> optax.Schedule:
   warmup = int(opt.warmup_fraction * total_steps)
   init = opt.warmup_init_lr
   kind = opt.schedule
+  if kind not in ('cosine', 'step'):
+    raise ValueError(f'config.optimizer.schedule={kind!r}; known: cosine, '
+                     'step.')
+  final = opt.cosine_final
+  if (isinstance(final, bool) or not isinstance(final, (int, float))
+      or not 0. <= final < 1.):
+    raise ValueError(
+        f'config.optimizer.cosine_final={final!r} must be a number in [0, 1): '
+        'the cosine\'s last learning rate as a fraction of the peak (0: '
+        'decay to 0; SupContrast: 1e-3).')
+  if kind != 'cosine' and final:
+    raise ValueError(
+        f'config.optimizer.cosine_final={final!r} applies to '
+        f"config.optimizer.schedule='cosine' only; got schedule {kind!r} "
+        '(set cosine_final=0).')
   if kind == 'cosine' and not opt.warmup_fraction:
     # No warmup configured (MoCo v2): the peak from step 0. (A warmup that
     # rounds to 0 steps keeps optax's 1-step warmup, as runs always have.)
-    return optax.cosine_decay_schedule(peak, max(total_steps, 1))
+    return optax.cosine_decay_schedule(peak, max(total_steps, 1),
+                                       alpha=float(final))
   if kind == 'cosine':
     # warmup + 2: a run of 0 or 1 steps (the study's untrained baselines)
     # still gets a valid schedule; from 2 steps on this is total_steps.
     return optax.warmup_cosine_decay_schedule(
         init_value=init, peak_value=peak, warmup_steps=max(warmup, 1),
-        decay_steps=max(total_steps, warmup + 2), end_value=0.)
-  if kind != 'step':
-    raise ValueError(f'config.optimizer.schedule={kind!r}; known: cosine, '
-                     'step.')
+        decay_steps=max(total_steps, warmup + 2), end_value=final * peak)
   steps_per_epoch = total_steps / float(config.num_epochs)
   steps = optax.piecewise_constant_schedule(peak, {
       int(round(e * steps_per_epoch)): opt.lr_decay

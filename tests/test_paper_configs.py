@@ -263,3 +263,23 @@ def test_supcon_cifar_warms_up_10_epochs_from_0_01(scale):
   assert float(lr(0)) == pytest.approx(0.01)
   assert float(lr(5 * steps_per_epoch)) == pytest.approx((0.01 + 0.5) / 2)
   assert float(lr(10 * steps_per_epoch)) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize('method,scale,peak', [
+    ('supcon', 'cifar10', 0.5), ('supcon', 'cifar100', 0.5),
+    ('tcl', 'imagenet', 0.3 * 256 / 128), ('tcl', 'cifar10', 0.1),
+    ('tcl', 'cifar100', 0.2)])
+def test_supcon_and_tcl_cosines_end_at_1e_3_of_the_peak(method, scale, peak):
+  # SupContrast util.py adjust_learning_rate (and TCL's train.py copy):
+  # eta_min = lr x lr_decay_rate^3 = 1e-3 x lr, the cosine's last value;
+  # halfway through the cosine, eta_min + (lr - eta_min) / 2.
+  c = _load(method).get_config(scale)
+  steps_per_epoch = 50
+  total = int(c.num_epochs) * steps_per_epoch
+  warmup = int(c.optimizer.warmup_fraction * total)
+  lr = optim.learning_rate_schedule(c, total_steps=total)
+  floor = 1e-3 * peak
+  assert float(lr(warmup)) == pytest.approx(peak, rel=1e-6)
+  assert float(lr((warmup + total) // 2)) == pytest.approx(
+      floor + (peak - floor) / 2, rel=1e-5)
+  assert float(lr(total)) == pytest.approx(floor, rel=1e-5)

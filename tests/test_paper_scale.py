@@ -343,3 +343,57 @@ def test_warmup_rises_linearly_from_its_initial_lr(schedule):
     else:
       want = peak * (0.1 if t >= 1500 else 1.)
     assert float(lr(t)) == pytest.approx(want, rel=1e-5, abs=1e-7)
+
+
+def _cosine_with_floor(t, *, peak, final, warmup, total, init=0.):
+  """The closed form, written here: linear warmup from `init` over `warmup`
+  steps, then final + (peak - final) (1 + cos(pi u / U)) / 2 with u the
+  steps since the warmup and U = total - warmup (SupContrast util.py
+  adjust_learning_rate with eta_min = final)."""
+  if t < warmup:
+    return init + (peak - init) * t / warmup
+  u, span = t - warmup, total - warmup
+  return final + (peak - final) * (1 + np.cos(np.pi * u / span)) / 2
+
+
+@pytest.mark.parametrize('warmup_fraction', [0., 0.05])
+@pytest.mark.parametrize('cosine_final', [0., 1e-3, 0.25])
+def test_cosine_ends_at_cosine_final_times_the_peak(warmup_fraction,
+                                                    cosine_final):
+  config = base.get_config()
+  config.batch_size, config.num_epochs = 1024, 200.
+  config.optimizer.base_learning_rate = 0.125     # Peak 0.5 at 1024.
+  config.optimizer.warmup_fraction = warmup_fraction
+  config.optimizer.warmup_init_lr = 0.01 if warmup_fraction else 0.
+  config.optimizer.cosine_final = cosine_final
+  total, peak = 2000, 0.5
+  warmup = int(warmup_fraction * total)
+  final = cosine_final * peak
+  lr = optim.learning_rate_schedule(config, total_steps=total)
+  for t in (0, 1, 37, 99, 100, 101, 640, 1000, 1500, 1999, 2000, 2500):
+    want = _cosine_with_floor(min(t, total), peak=peak, final=final,
+                              warmup=warmup, total=total, init=0.01)
+    assert float(lr(t)) == pytest.approx(want, rel=1e-5, abs=1e-8), t
+  # The end of the schedule (and beyond it) is the floor itself.
+  assert float(lr(total)) == pytest.approx(final, abs=1e-8)
+  assert float(lr(10 * total)) == pytest.approx(final, abs=1e-8)
+
+
+@pytest.mark.parametrize('value', [-0.1, 1., 1.5, True, None])
+def test_cosine_final_outside_0_1_is_rejected(value):
+  config = base.get_config()
+  config.optimizer.cosine_final = value
+  with pytest.raises(ValueError, match=r'cosine_final=.* must be a number '
+                     r'in \[0, 1\)'):
+    optim.learning_rate_schedule(config, total_steps=100)
+
+
+def test_cosine_final_with_the_step_schedule_is_rejected():
+  config = base.get_config()
+  config.optimizer.schedule = 'step'
+  config.optimizer.decay_epochs = (2,)
+  config.optimizer.cosine_final = 1e-3
+  with pytest.raises(ValueError, match="applies to .*schedule='cosine' only"):
+    optim.learning_rate_schedule(config, total_steps=100)
+  config.optimizer.cosine_final = 0.
+  optim.learning_rate_schedule(config, total_steps=100)

@@ -137,6 +137,8 @@ def hyperparameters(config) -> dict:
   if opt.name == 'lars':
     h['optimizer.trust_coefficient'] = opt.trust_coefficient
     h['optimizer.clip_lr'] = opt.clip_lr
+  if opt.schedule == 'cosine':
+    h['optimizer.cosine_final'] = opt.cosine_final
   if opt.schedule == 'step':
     h['optimizer.decay_epochs'] = _plain(opt.decay_epochs)
     h['optimizer.lr_decay'] = opt.lr_decay

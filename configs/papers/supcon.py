@@ -16,8 +16,9 @@ batch 6144, 12 warmup epochs then x0.97 every half epoch, label smoothing
 0.05, on the L2-normalised encoder output, the frozen encoder's BatchNorm
 on the batch's statistics).
 cifar10 / cifar100: SupContrast's CIFAR command (batch 1024, SGD lr 0.5, 10
-warmup epochs from 0.01, cosine, tau 0.1) with ResNet-18 for 200 epochs,
-and its linear evaluation (main_linear.py: SGD lr 5 at batch 512, step decay).
+warmup epochs from 0.01, cosine to 1e-3 x lr, tau 0.1) with ResNet-18 for 200
+epochs, and its linear evaluation (main_linear.py: SGD lr 5 at batch 512, step
+decay).
 Every value, its source and why it differs: configs/papers/recipes.yaml.
 Paper: 78.7% top-1, ResNet-50 (SupCon paper Table 1, with AutoAugment;
 unverified here); SupContrast README: 96.0% (CIFAR-10) and 76.5% (CIFAR-100)
@@ -80,9 +81,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.optimizer.base_learning_rate = 0.5 * 256 / 1024
     config.optimizer.weight_decay = 1e-4
     # SupContrast main_supcon.py L106-118 (warm forced at batch > 256):
-    # warm_epochs 10, warmup_from 0.01, then cosine.
+    # warm_epochs 10, warmup_from 0.01, then cosine to eta_min = lr x
+    # lr_decay_rate^3 = 1e-3 x lr (util.py adjust_learning_rate, set once per
+    # epoch; here per step).
     config.optimizer.warmup_fraction = 10. / config.num_epochs
     config.optimizer.warmup_init_lr = 0.01
+    config.optimizer.cosine_final = 1e-3
     # SupContrast main_supcon.py L146-155: RandomResizedCrop(32, scale=(0.2,
     # 1.)), ColorJitter(0.4, 0.4, 0.4, 0.1) p=0.8.
     config.augment.overrides = ({'crop_scale': (0.2, 1.0),

@@ -8,8 +8,8 @@ batch with the k1 / k2 terms that tune the positives' and negatives' gradient.
 
 The thesis's recipe (Sec. 5.2): tau 0.1, k1 5000 (CIFAR-10) / 4000, k2 1, SGD
 (momentum 0.9, weight decay 1e-4 on every parameter, biases and BatchNorm
-included, as the official code's SGD(model.parameters())), cosine, 100
-epochs, then a 50-epoch linear stage; the official code's projector,
+included, as the official code's SGD(model.parameters())), cosine to 1e-3 x
+lr, 100 epochs, then a 50-epoch linear stage; the official code's projector,
 Linear-ReLU-Linear without BatchNorm; ResNet-18 on CIFAR and ResNet-50 on
 ImageNet-1k (the thesis: ResNet-50 and ResNet-18 on ImageNet-100), and its
 augmentation at every scale: random crop with zero padding 4, horizontal flip,
@@ -48,6 +48,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.optimizer.weight_decay = 1e-4
   config.optimizer.decay_biases_and_bn = True
   config.optimizer.warmup_fraction = 0.
+  # train.py adjust_learning_rate: cosine to eta_min = lr x lr_decay_rate^3
+  # = 1e-3 x lr (SupContrast's), set after each epoch; here per step.
+  config.optimizer.cosine_final = 1e-3
   config.num_epochs = 100.
   # TCL's linear stage; on CIFAR-100 at its contrastive batch of 128.
   config.evals.linear_eval = common.linear_eval(
