@@ -22,6 +22,7 @@ from configs import test as test_config
 from configs.papers import supcon
 from contrastive_jax import config_lib
 from contrastive_jax import evaluators
+from contrastive_jax import models
 from contrastive_jax import runtime
 from contrastive_jax.evaluators import linear_eval
 from input_pipeline import augment
@@ -59,14 +60,17 @@ CFG = linear_eval.LinearEvalConfig(
 
 
 def _numpy_reference(train, test, cfg, train_features=None,
-                     eval_features=None):
+                     eval_features=None, lr_of_epoch=None):
   """The SGD loop; `train_features` / `eval_features` map a batch of pixel
-  rows [n, F] to its features (default: the pixels themselves)."""
+  rows [n, F] to its features (default: the pixels themselves; the
+  evaluation's are computed after each epoch, so they may read state the
+  training calls moved); `lr_of_epoch(epoch)`: an lr held for each epoch
+  (default: the per-step cosine)."""
   x = train.images.astype(np.float64)[:, :, ::-1].reshape(N, -1) / 255.
   y = train.labels
   tx = test.images.astype(np.float64).reshape(len(test), -1) / 255.
   train_features = train_features or (lambda rows: rows)
-  tx = (eval_features or (lambda rows: rows))(tx)
+  eval_features = eval_features or (lambda rows: rows)
   w, b = np.zeros((x.shape[1], C)), np.zeros(C)
   mw, mb = np.zeros_like(w), np.zeros_like(b)
   steps_per_epoch = N // cfg.batch_size
@@ -84,12 +88,14 @@ def _numpy_reference(train, test, cfg, train_features=None,
       resid = (p - np.eye(C)[y[idx]]) / len(idx)
       gw = xb.T @ resid + cfg.weight_decay * w
       gb = resid.sum(0) + cfg.weight_decay * b
-      lr = cfg.lr * 0.5 * (1 + math.cos(math.pi * step / total))
+      lr = (lr_of_epoch(epoch) if lr_of_epoch else
+            cfg.lr * 0.5 * (1 + math.cos(math.pi * step / total)))
       mw, mb = cfg.momentum * mw + gw, cfg.momentum * mb + gb
       w = w - lr * (gw + cfg.momentum * mw)        # Nesterov
       b = b - lr * (gb + cfg.momentum * mb)
       step += 1
-    top1.append(np.mean(np.argmax(tx @ w + b, 1) == test.labels))
+    top1.append(np.mean(np.argmax(eval_features(tx) @ w + b, 1)
+                        == test.labels))
     losses.append(np.mean(epoch_losses))
   return w, b, top1, losses
 
@@ -393,7 +399,8 @@ def test_the_new_fields_are_checked():
            (dict(rmsprop_decay=1.), 'rmsprop_decay must be in'),
            (dict(classifier_init='normal'), 'classifier_init must be one of'),
            (dict(lr_decay=0.), 'lr_decay must be > 0'),
-           (dict(encoder_bn='train'), 'encoder_bn must be one of')]
+           (dict(encoder_bn='train'), 'encoder_bn must be one of'),
+           (dict(lr_update='epoch'), 'lr_update must be one of')]
   for fields, match in cases:
     with pytest.raises(ValueError, match=match):
       linear_eval.LinearEvalConfig(**fields)
@@ -546,11 +553,13 @@ def test_batch_statistics_are_the_global_batchs_and_train_nothing():
                          ('running', _np_running(rows, variables))):
     fn = jax.jit(lambda v, x, mode=mode: linear_eval._frozen_features(
         BNPixels(), v, x, encoder_bn=mode))
-    got = np.asarray(fn(variables, sharded))
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    got, updates = fn(variables, sharded)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4,
+                               atol=1e-4)
+    assert updates == {}, mode            # Nothing to carry to a next step.
     grads = jax.grad(lambda v, mode=mode: jnp.sum(jnp.sin(
         linear_eval._frozen_features(BNPixels(), v, sharded,
-                                     encoder_bn=mode))))(variables)
+                                     encoder_bn=mode)[0])))(variables)
     assert all(not np.any(g) for g in jax.tree.leaves(grads)), mode
   per_device = np.concatenate([_np_bn(rows[i:i + 2], variables)
                                for i in range(0, 16, 2)])
@@ -612,3 +621,254 @@ def test_batch_statistics_in_groups_need_a_batch_of_whole_groups():
   config.evals.lin.preset = 'simclr'
   config.evals.lin.batch_size = 20
   evaluators.validate(config, num_devices=4)
+
+
+# TCL's linear stage as the authors' train.py runs it (`train_cross_entropy`
+# after `model1.freeze_projection()`): the training transform with
+# AutoAugment, BatchNorm in train mode updating its running averages, the
+# classifier at PyTorch's nn.Linear init, the cosine lr set after each epoch.
+
+
+class _NumpyBatchNormState:
+  """numpy BatchNorm of pixel rows in train mode that also moves running
+  averages: PyTorch's BatchNorm with momentum 0.1 (running <- 0.9 running +
+  0.1 batch; the variance the biased one, flax's rule), evaluation reading
+  the running averages as they stand."""
+
+  def __init__(self, variables):
+    self.variables = variables
+    stats = jax.tree.map(lambda a: np.asarray(a, np.float64),
+                         variables['batch_stats']['BatchNorm_0'])
+    self.mean, self.var = stats['mean'], stats['var']
+
+  def train(self, rows):
+    mean, var = rows.mean(0), rows.var(0)
+    self.mean = 0.9 * self.mean + 0.1 * mean
+    self.var = 0.9 * self.var + 0.1 * var
+    return _np_bn(rows, self.variables, mean, var)
+
+  def eval(self, rows):
+    return _np_bn(rows, self.variables, self.mean, self.var)
+
+
+def test_the_encoders_batchnorm_momentum_is_pytorchs_0_1():
+  # models.batch_norm (every encoder's BatchNorm): running <- 0.9 running +
+  # 0.1 batch mean (biased variance), PyTorch's momentum=0.1 convention.
+  bn = models.batch_norm(train=True, dtype=jnp.float32)()
+  x = jnp.asarray(np.random.default_rng(0).normal(2., 3., (32, 5)),
+                  jnp.float32)
+  variables = bn.init(jax.random.key(0), x)
+  _, moved = bn.apply(variables, x, mutable=['batch_stats'])
+  xs = np.asarray(x, np.float64)
+  np.testing.assert_allclose(moved['batch_stats']['mean'],
+                             0.1 * xs.mean(0), rtol=1e-5)
+  np.testing.assert_allclose(moved['batch_stats']['var'],
+                             0.9 + 0.1 * xs.var(0), rtol=1e-5)
+
+
+def test_batch_update_moves_the_running_averages_over_the_global_batch():
+  # One call on 16 images over the 8 devices: the features are the batch's
+  # BatchNorm ('batch'), and the updates the running averages moved by
+  # the global batch's mean and biased variance; no gradient to the
+  # encoder, `variables` untouched.
+  mesh = runtime.create_mesh()
+  variables = _bn_variables()
+  before = jax.device_get(variables)
+  images = np.random.default_rng(3).uniform(0., 1., (16, HW, HW, 1))
+  rows = images.reshape(16, -1)
+  sharded = jax.device_put(jnp.asarray(images, jnp.float32),
+                           NamedSharding(mesh, P('data')))
+  got, updates = jax.jit(lambda v, x: linear_eval._frozen_features(
+      BNPixels(), v, x, encoder_bn='batch_update'))(variables, sharded)
+  state = _NumpyBatchNormState(before)
+  np.testing.assert_allclose(np.asarray(got), state.train(rows), rtol=1e-4,
+                             atol=1e-4)
+  assert set(updates) == {'batch_stats'}
+  moved = jax.device_get(updates['batch_stats']['BatchNorm_0'])
+  np.testing.assert_allclose(moved['mean'], state.mean, rtol=1e-5)
+  np.testing.assert_allclose(moved['var'], state.var, rtol=1e-5)
+  grads = jax.grad(lambda v: jnp.sum(jnp.sin(linear_eval._frozen_features(
+      BNPixels(), v, sharded, encoder_bn='batch_update')[0])))(variables)
+  assert all(not np.any(g) for g in jax.tree.leaves(grads))
+  for a, b in zip(jax.tree.leaves(jax.device_get(variables)),
+                  jax.tree.leaves(before)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_run_with_batch_update_matches_numpy():
+  # 3 epochs of 3 steps of 16 images: every step normalises with its
+  # batch's statistics and moves the running averages (9 updates); each
+  # epoch's evaluation reads the averages as they stand then. numpy
+  # replays it; the run returns the moved averages with the classifier.
+  cfg = dataclasses.replace(CFG, encoder_bn='batch_update')
+  variables = _bn_variables()
+  before = jax.device_get(variables)
+  out = _run(runtime.create_mesh(), cfg, BNPixels(), variables)
+  state = _NumpyBatchNormState(before)
+  w, b, top1, losses = _numpy_reference(
+      _data(0, N), _data(1, 30), cfg, train_features=state.train,
+      eval_features=state.eval)
+  got = jax.device_get(out['classifier'])
+  scale = np.abs(w).max()
+  np.testing.assert_allclose(got['w'], w, atol=1e-4 * scale)
+  np.testing.assert_allclose(got['b'], b, atol=1e-4 * scale)
+  assert out['top1_per_epoch'] == pytest.approx(top1)
+  assert out['train_loss_last'] == pytest.approx(losses[-1], rel=1e-4)
+  moved = jax.device_get(out['variables'])
+  np.testing.assert_allclose(moved['batch_stats']['BatchNorm_0']['mean'],
+                             state.mean, rtol=1e-4)
+  np.testing.assert_allclose(moved['batch_stats']['BatchNorm_0']['var'],
+                             state.var, rtol=1e-4)
+  # The parameters are the frozen ones; the caller's variables untouched.
+  for a, b_ in zip(jax.tree.leaves(moved['params']),
+                   jax.tree.leaves(before['params'])):
+    np.testing.assert_array_equal(a, b_)
+  for a, b_ in zip(jax.tree.leaves(jax.device_get(variables)),
+                   jax.tree.leaves(before)):
+    np.testing.assert_array_equal(a, b_)
+  # The averages moved far from the initial ones, and an evaluation on
+  # those would score other logits: the run evaluated with the moved ones.
+  initial = before['batch_stats']['BatchNorm_0']
+  assert np.abs(state.mean - initial['mean']).max() > 0.05
+  test_rows = _data(1, 30).images.astype(np.float64).reshape(30, -1) / 255.
+  assert np.abs(state.eval(test_rows) @ w
+                - _np_running(test_rows, before) @ w).max() > 0.1
+  # The other modes return the variables they were given.
+  assert _run(runtime.create_mesh(), dataclasses.replace(
+      CFG, encoder_bn='batch'), BNPixels(), variables)['variables'] is (
+          variables)
+
+
+def test_the_torch_default_classifier_init():
+  # PyTorch's nn.Linear(F, C).reset_parameters: kaiming_uniform_(weight,
+  # a=sqrt(5)) has bound gain x sqrt(3 / fan_in) with gain = sqrt(2 / (1 +
+  # a^2)), i.e. 1 / sqrt(F); the bias U(-1 / sqrt(F), 1 / sqrt(F)).
+  F_, C_ = 512, 1000
+  gain = math.sqrt(2. / (1. + 5.))
+  bound = gain * math.sqrt(3. / F_)
+  assert bound == pytest.approx(1. / math.sqrt(F_))
+  cfg = linear_eval.PRESETS['tcl']
+  assert cfg.classifier_init == 'torch_default'
+  init = jax.device_get(linear_eval.init_classifier(cfg, 3, F_, C_))
+  assert init['w'].shape == (F_, C_) and init['b'].shape == (C_,)
+  for name, values in init.items():
+    assert np.abs(values).max() <= bound, name
+    assert np.abs(values).max() > 0.99 * bound, name
+    # U(-l, l): variance l^2 / 3, mean 0.
+    assert values.var() == pytest.approx(bound ** 2 / 3, rel=0.1), name
+    assert abs(values.mean()) < 0.1 * bound, name
+  assert init['w'].var() == pytest.approx(bound ** 2 / 3, rel=0.01)
+  # Kernel and bias from different draws; the same seed, the same start.
+  assert not np.allclose(init['w'][0], init['b'])
+  again = jax.device_get(linear_eval.init_classifier(cfg, 3, F_, C_))
+  for k in ('w', 'b'):
+    np.testing.assert_array_equal(again[k], init[k])
+  other = jax.device_get(linear_eval.init_classifier(cfg, 4, F_, C_))
+  assert not np.allclose(other['w'], init['w'])
+
+
+def _tcl_epoch_lrs(lr, epochs):
+  """The lr each epoch trains at in TCL's train.py: the optimizer built at
+  lr, then `adjust_learning_rate(optimizer, epoch)` after epoch `epoch`:
+  eta_min = lr x 0.1^3, lr <- eta_min + (lr - eta_min)(1 + cos(pi epoch /
+  epochs)) / 2."""
+  current, out = lr, []
+  eta_min = lr * 0.1 ** 3
+  for epoch in range(epochs):
+    out.append(current)
+    current = eta_min + (lr - eta_min) * (
+        1 + math.cos(math.pi * epoch / epochs)) / 2
+  return out
+
+
+def test_the_after_epoch_cosine_is_tcls_adjust_learning_rate():
+  cfg = linear_eval.PRESETS['tcl']
+  assert (cfg.schedule, cfg.cosine_final, cfg.lr_update) == (
+      'cosine', 1e-3, 'after_epoch')
+  spe = 781                          # CIFAR-10's 50000 // 64 steps
+  sched = linear_eval.learning_rate(cfg, spe)
+  want = _tcl_epoch_lrs(0.5, 50)
+  assert want[0] == want[1] == 0.5
+  for epoch in range(50):
+    for step in (epoch * spe, epoch * spe + spe // 2, epoch * spe + spe - 1):
+      assert float(sched(step)) == pytest.approx(want[epoch], rel=1e-5), (
+          epoch, step)
+  # The per-step cosine it replaces: at most 0.0313 apart (6.3% of the
+  # peak lr), at the end of epoch 25 (0-based); the last epoch at 0.0025
+  # instead of falling to 0.0005.
+  steps = np.arange(50 * spe)
+  per_step = np.asarray(linear_eval.learning_rate(
+      dataclasses.replace(cfg, lr_update='every_step'), spe)(steps))
+  after = np.asarray(sched(steps))
+  gap = after - per_step
+  assert gap.min() >= -1e-6
+  assert gap.max() == pytest.approx(0.03134, abs=2e-4)
+  assert int(np.argmax(gap)) // spe == 25
+  assert after[-1] == pytest.approx(0.00247, rel=1e-2)
+
+
+def test_a_run_with_the_after_epoch_lr_matches_numpy():
+  # CFG's cosine set after each epoch: epochs 0 and 1 at lr 0.3, epoch 2 at
+  # the cosine of epoch 1 (to 0, cosine_final 0).
+  cfg = dataclasses.replace(CFG, lr_update='after_epoch')
+  lrs = [0.3, 0.3, 0.3 * 0.5 * (1 + math.cos(math.pi / 3))]
+  out = _run(runtime.create_mesh(), cfg)
+  w, b, top1, _ = _numpy_reference(_data(0, N), _data(1, 30), cfg,
+                                   lr_of_epoch=lambda e: lrs[e])
+  got = jax.device_get(out['classifier'])
+  scale = np.abs(w).max()
+  np.testing.assert_allclose(got['w'], w, atol=1e-5 * scale)
+  np.testing.assert_allclose(got['b'], b, atol=1e-5 * scale)
+  assert out['top1_per_epoch'] == pytest.approx(top1)
+  w_step, _, _, _ = _numpy_reference(_data(0, N), _data(1, 30), CFG)
+  assert np.abs(w_step - w).max() > 100 * 1e-5 * scale
+
+
+def test_the_tcl_presets_view_is_the_pretraining_transform_with_autoaugment():
+  # train.py's linear stage reads train_loader, whose transform_train is
+  # pretraining's: RandomCrop(padding=4), flip, AutoAugment() (CIFAR-10
+  # policy, pytorch-auto-augment port).
+  for name in ('tcl', 'tcl_cifar100'):
+    view = linear_eval.PRESETS[name].view
+    assert view == augment.PRESETS['tcl'][0], name
+    assert (view.crop_scale, view.pad_crop, view.flip_p, view.autoaugment,
+            view.autoaugment_impl) == (None, 4, 0.5, 'cifar10',
+                                       'pytorch_auto_augment')
+  # Through augment.augment_batch: pad-crop and flip (the view without
+  # AutoAugment, same keys) then AutoAugment of each result with its own
+  # key (fold_in of the image's key), composed here from the pieces.
+  view = linear_eval.PRESETS['tcl'].view
+  images = np.random.default_rng(4).integers(0, 256, (8, 32, 32, 3)).astype(
+      np.uint8)
+  rng = jax.random.key(9)
+  got = np.asarray(augment.augment_batch(rng, images, (view,))[:, 0])
+  plain = np.asarray(augment.augment_batch(
+      rng, images, (dataclasses.replace(view, autoaugment=''),))[:, 0])
+  keys = jax.random.split(jax.random.fold_in(rng, 0), 8)
+  want = np.stack([np.asarray(augment.autoaugment(
+      jax.random.fold_in(keys[i], augment._AUTOAUGMENT_STREAM),
+      jnp.asarray(plain[i]), policy='cifar10', impl='pytorch_auto_augment'))
+                   for i in range(8)])
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  assert got.shape == (8, 32, 32, 3) and 0. <= got.min() <= got.max() <= 1.
+  assert np.abs(got - plain).max() > 0.1     # AutoAugment changed images.
+
+
+def test_the_tcl_preset_runs_end_to_end():
+  # 'tcl' at batch 16 for 2 epochs on 3-channel images through a BatchNorm
+  # encoder: AutoAugment, batch_update, torch_default, after_epoch together.
+  rng = np.random.default_rng(2)
+  images = rng.integers(0, 256, (32, 8, 8, 3)).astype(np.uint8)
+  train = pipeline.ArrayDataset(images, rng.integers(0, C, 32))
+  test = pipeline.ArrayDataset(images[:16], rng.integers(0, C, 16))
+  model = BNPixels()
+  variables = model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3)),
+                         train=False)
+  out = linear_eval.linear_evaluation(
+      model, variables, train, test, runtime.create_mesh(),
+      cfg=linear_eval.get_config('tcl', batch_size=16, epochs=2),
+      num_classes=C, seed=SEED, eval_batch_size=16)
+  assert np.isfinite(out['train_loss_last'])
+  assert 0. <= out['top1_last'] <= 1.
+  stats = jax.device_get(out['variables']['batch_stats']['BatchNorm_0'])
+  assert np.abs(stats['mean']).max() > 0.1      # 4 steps moved them.

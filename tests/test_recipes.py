@@ -46,10 +46,11 @@ VIEW_FIELDS = ('crop_scale', 'flip_p', 'jitter', 'jitter_p', 'grayscale_p',
 OPTIONAL_VIEW_FIELDS = ('crop_ratio', 'pad_crop', 'autoaugment',
                         'autoaugment_impl', 'erase_p', 'size')
 # LinearEvalConfig fields pinned only when a linear-evaluation preset sets
-# them away from their default (SupCon's TF stage 2), as the optional view
-# fields: setting one in a preset fails until the table has its row.
+# them away from their default (SupCon's TF stage 2, TCL's train.py), as the
+# optional view fields: setting one in a preset fails until the table has
+# its row.
 OPTIONAL_LINEAR_FIELDS = ('label_smoothing', 'normalize_features',
-                          'classifier_init', 'encoder_bn')
+                          'classifier_init', 'encoder_bn', 'lr_update')
 # The order in which augment.augment_image applies the ops.
 
 def _plain(x):

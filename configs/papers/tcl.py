@@ -52,7 +52,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # = 1e-3 x lr (SupContrast's), set after each epoch; here per step.
   config.optimizer.cosine_final = 1e-3
   config.num_epochs = 100.
-  # TCL's linear stage; on CIFAR-100 at its contrastive batch of 128.
+  # TCL's linear stage as train.py's train_cross_entropy runs it (presets
+  # 'tcl' / 'tcl_cifar100'): the pretraining's crop, flip and AutoAugment,
+  # the frozen encoder's BatchNorm in train mode updating its averages, the
+  # classifier at PyTorch's nn.Linear init, the cosine set once per epoch;
+  # on CIFAR-100 at its contrastive batch of 128.
   config.evals.linear_eval = common.linear_eval(
       'tcl_cifar100' if scale == 'cifar100' else 'tcl')
   config.augment.preset = 'tcl'

@@ -11,12 +11,15 @@ that protocol streamed, on any mesh and any number of processes:
   (`pipeline.TrainBatches`: the order is a pure function of seed and step),
   augments it on the devices with the preset's `ViewConfig`, runs the encoder
   under stop_gradient with BatchNorm on its running statistics (or on the
-  batch's, `encoder_bn='batch'`, never updating them), L2-normalises the
-  features where the preset says so, and updates
+  batch's, `encoder_bn='batch'`, never updating them; or on the batch's
+  while updating the running ones, `encoder_bn='batch_update'`),
+  L2-normalises the features where the preset says so, and updates
   the replicated [F, C] classifier (data-parallel: the batch is sharded over
   every device of every host, the gradient is a mean over the global batch);
 * after every epoch the evaluation split is scored in `eval_batches` (each
-  process reads its part; only scalar counts come back).
+  process reads its part; only scalar counts come back), the encoder's
+  BatchNorm on its running statistics (with `encoder_bn='batch_update'`,
+  those the training steps have updated so far).
 
 The hyperparameters are the papers' (`PRESETS`, sources in each comment).
 `logreg.logistic_regression` (L-BFGS on cached un-augmented features) is the
@@ -46,9 +49,10 @@ from input_pipeline import pipeline
 from input_pipeline import sources
 
 OPTIMIZERS = ('sgd', 'adam', 'rmsprop')
-ENCODER_BN = ('running', 'batch')
+ENCODER_BN = ('running', 'batch', 'batch_update')
 SCHEDULES = ('constant', 'cosine', 'step', 'exponential')
-CLASSIFIER_INITS = ('zeros', 'glorot_uniform')
+LR_UPDATES = ('every_step', 'after_epoch')
+CLASSIFIER_INITS = ('zeros', 'glorot_uniform', 'torch_default')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,13 +73,30 @@ class LinearEvalConfig:
   W = floor(warmup_epochs x steps per epoch) warmup steps, lr x step / W
   for step < W, then lr x lr_decay ^ floor((step - W) / (epochs_per_decay x
   steps per epoch)), the decay counted from the warmup's end.
+  `lr_update` is when the schedule moves: 'every_step' (the schedule's
+  value at each step) or 'after_epoch', PyTorch code that calls its
+  `adjust_learning_rate(optimizer, epoch)` after training epoch `epoch`
+  (0-based) with that index: epoch e >= 1 trains at the schedule's value
+  at epoch e - 1's first step, epoch 0 at its first value, so epochs 0
+  and 1 share the initial lr (TCL's train.py).
 
   `encoder_bn` is the statistics the frozen encoder's BatchNorm uses in the
   training steps: 'running', its running averages (eval mode, every paper's
   PyTorch code: `model.eval()`); 'batch', the mean and biased variance of
   the step's global batch of augmented images (the model applied in train
   mode, the statistics it would update discarded: the SupCon TF code's
-  stage 2). The evaluation passes use the running averages either way.
+  stage 2); 'batch_update', the same batch statistics with the running
+  averages updated by every training step as in pretraining (the model's
+  BatchNorm momentum, 0.9 = PyTorch's 0.1: TCL's `model.train()` with the
+  encoder's parameters frozen by `requires_grad_(False)`). The evaluation
+  passes read the running averages: those given for 'running' and 'batch',
+  the updated ones for 'batch_update'. No mode gives the encoder's
+  parameters a gradient.
+
+  `classifier_init` is the kernel's (and bias') start: 'zeros' (MoCo's
+  code), 'glorot_uniform' (TF's Dense: the kernel U(-l, l), l = sqrt(6 /
+  (F + C)), a zero bias) or 'torch_default' (PyTorch's `nn.Linear`:
+  kernel and bias U(-1 / sqrt(F), 1 / sqrt(F)), F the features).
 
   Every field's default is the behaviour before the field existed; the
   dataclass checks its values when built (ValueError).
@@ -93,6 +114,7 @@ class LinearEvalConfig:
   weight_decay: float = 0.0         # coupled L2 (PyTorch weight_decay)
   schedule: str = 'constant'        # 'constant', 'cosine', 'step' or
                                     # 'exponential'
+  lr_update: str = 'every_step'     # or 'after_epoch' (see above)
   milestones: tuple[int, ...] = ()  # epochs at which 'step' decays
   lr_decay: float = 0.1             # 'step': x per milestone; 'exponential':
                                     # x per epochs_per_decay
@@ -101,8 +123,10 @@ class LinearEvalConfig:
   warmup_epochs: float = 0.0        # 'exponential' only: linear from 0
   label_smoothing: float = 0.0      # targets (1 - a) one_hot + a / C
   normalize_features: bool = False  # L2-normalise the features first
-  classifier_init: str = 'zeros'    # 'zeros' or 'glorot_uniform' (kernel)
-  encoder_bn: str = 'running'       # training steps: 'running' or 'batch'
+  classifier_init: str = 'zeros'    # 'zeros', 'glorot_uniform' or
+                                    # 'torch_default'
+  encoder_bn: str = 'running'       # training steps: 'running', 'batch' or
+                                    # 'batch_update'
   view: augment.ViewConfig = augment.ViewConfig(crop_scale=(0.08, 1.),
                                                 flip_p=0.5)
 
@@ -113,6 +137,9 @@ class LinearEvalConfig:
     if self.schedule not in SCHEDULES:
       raise ValueError(f'linear evaluation schedule must be one of '
                        f'{SCHEDULES}; got {self.schedule!r}.')
+    if self.lr_update not in LR_UPDATES:
+      raise ValueError(f'lr_update must be one of {LR_UPDATES}; got '
+                       f'{self.lr_update!r}.')
     if self.nesterov and self.optimizer != 'sgd':
       raise ValueError('nesterov applies to the sgd optimizer only; got '
                        f'optimizer {self.optimizer!r} with nesterov=True.')
@@ -153,6 +180,14 @@ class LinearEvalConfig:
 
 
 _CROP_FLIP = augment.ViewConfig(crop_scale=(0.08, 1.), flip_p=0.5)
+# TCL's training transform (train.py --augment autoaug), the same in
+# pretraining and in the linear stage: RandomCrop(padding=4), flip, then
+# AutoAugment's CIFAR-10 policy in the pytorch-auto-augment port's
+# conventions (augment.PRESETS['tcl']'s view).
+_TCL_VIEW = augment.ViewConfig(crop_scale=None, pad_crop=4, flip_p=0.5,
+                               autoaugment='cifar10',
+                               autoaugment_impl='pytorch_auto_augment',
+                               jitter_p=0.)
 
 # Each preset's source is in its comment: the paper's appendix or its
 # released evaluation script.
@@ -194,21 +229,35 @@ PRESETS: dict[str, LinearEvalConfig] = {
         optimizer='adam', lr=1e-3, epochs=100, batch_size=128, adam_b1=0.5,
         adam_b2=0.999, schedule='step', milestones=(60, 80), lr_decay=0.2,
         view=augment.ViewConfig(crop_scale=(0.2, 1.), flip_p=0.5)),
-    # TCL's linear stage (FMNIST code): SGD(0.9, wd 1e-4), lr 0.5, cosine to
-    # 1e-3 x lr, 50 epochs, 64 images per step, the training transform
-    # RandomCrop(28, padding=4) + flip. (TCL's code keeps BN in train mode;
-    # here eval mode, the standard frozen encoder.)
+    # TCL's linear stage, the authors' train.py (chaitanyaanimesh/
+    # Tuned-Contrastive-Learning; `train_cross_entropy` after
+    # `model1.freeze_projection()`): SGD(momentum 0.9, weight_decay 1e-4)
+    # at lr 0.5 (--lr_cross_entropy), 50 epochs, 64 images per step (the
+    # loader's batch, cifar10), cosine to lr x 0.1^3 set after each epoch
+    # with that epoch's index (`adjust_learning_rate`: lr_update
+    # 'after_epoch'); the training transform of pretraining (train_loader's
+    # transform_train, --augment autoaug): RandomCrop(padding=4) + flip +
+    # AutoAugment() (the pytorch-auto-augment port's CIFAR-10 policy, on
+    # ImageNet-100 too); `model.train()` with the encoder frozen by
+    # requires_grad_(False): BatchNorm on batch statistics, its running
+    # averages updated (PyTorch momentum 0.1) and read by `validation`'s
+    # `model.eval()` ('batch_update'); the classifier the model's
+    # `self.linear = nn.Linear(dim_in, num_classes)`, unused in
+    # pretraining, so PyTorch's default init ('torch_default'). The weight
+    # decay reaches only that classifier (the frozen parameters and the
+    # unused head have no gradient, which PyTorch's SGD skips).
     'tcl': LinearEvalConfig(optimizer='sgd', lr=0.5, epochs=50, batch_size=64,
                        momentum=0.9, weight_decay=1e-4, schedule='cosine',
-                       cosine_final=1e-3,
-                       view=augment.ViewConfig(crop_scale=None, pad_crop=4,
-                                               flip_p=0.5)),
+                       cosine_final=1e-3, lr_update='after_epoch',
+                       classifier_init='torch_default',
+                       encoder_bn='batch_update', view=_TCL_VIEW),
     # TCL's CIFAR-100 linear stage: the 'tcl' recipe at its contrastive
     # batch, 128 images per step, with the same lr 0.5 (not rescaled).
     'tcl_cifar100': LinearEvalConfig(
         optimizer='sgd', lr=0.5, epochs=50, batch_size=128, momentum=0.9,
         weight_decay=1e-4, schedule='cosine', cosine_final=1e-3,
-        view=augment.ViewConfig(crop_scale=None, pad_crop=4, flip_p=0.5)),
+        lr_update='after_epoch', classifier_init='torch_default',
+        encoder_bn='batch_update', view=_TCL_VIEW),
     # MACL: SGD lr 0.02, momentum 0.9, wd 0, 100 epochs; batch, schedule and
     # augmentation unstated (notes: 256, constant; CACR's crop 0.2-1 + flip).
     'macl': LinearEvalConfig(optimizer='sgd', lr=0.02, epochs=100, batch_size=256,
@@ -288,7 +337,24 @@ def _exponential(cfg: LinearEvalConfig,
 
 
 def learning_rate(cfg: LinearEvalConfig, steps_per_epoch: int) -> optax.Schedule:
-  """Step -> learning rate of `cfg` ('step' milestones are in epochs)."""
+  """Step -> learning rate of `cfg` ('step' milestones are in epochs), moved
+  every step or, with lr_update='after_epoch', held for each epoch at the
+  per-step schedule's value at the previous epoch's first step (epoch 0 at
+  step 0's)."""
+  schedule = _per_step_schedule(cfg, steps_per_epoch)
+  if cfg.lr_update == 'every_step':
+    return schedule
+  if cfg.lr_update == 'after_epoch':
+    def after_epoch(step):
+      epoch = jnp.asarray(step) // steps_per_epoch
+      return schedule(jnp.maximum(epoch - 1, 0) * steps_per_epoch)
+    return after_epoch
+  raise ValueError(f'lr_update must be one of {LR_UPDATES}; got '
+                   f'{cfg.lr_update!r}.')
+
+
+def _per_step_schedule(cfg: LinearEvalConfig,
+                       steps_per_epoch: int) -> optax.Schedule:
   total = cfg.epochs * steps_per_epoch
   if cfg.schedule == 'constant':
     return optax.constant_schedule(cfg.lr)
@@ -330,22 +396,27 @@ def optimizer(cfg: LinearEvalConfig,
 
 def _frozen_features(model, variables, images, normalize: bool = False,
                      encoder_bn: str = 'running'):
-  """Encoder features [B, F] float32 of images [B, H, W, C], no gradient to
-  the encoder.
+  """(features [B, F] float32 of images [B, H, W, C], updates): the encoder
+  frozen, no gradient to it.
 
   `encoder_bn` 'running': eval mode, BatchNorm on its running statistics.
   'batch': train mode, BatchNorm on the mean and biased variance of this
   batch (under jit, of the global batch however it is sharded; groups of
   it where the encoder has SplitBatchNorm); the updated statistics it
-  returns are discarded, so `variables` stays as it is. With `normalize`,
-  each row divided by its L2 norm (floored at 1e-6, i.e.
-  tf.nn.l2_normalize's epsilon 1e-12 on the squared norm).
+  returns are discarded. 'batch_update': the same, the updated statistics
+  kept. `updates` is the collections to replace in `variables` for the
+  next step: {'batch_stats': ...} (the running averages moved by this
+  batch, the model's momentum) for 'batch_update', {} otherwise;
+  `variables` itself is never changed. With `normalize`, each row divided
+  by its L2 norm (floored at 1e-6, i.e. tf.nn.l2_normalize's epsilon 1e-12
+  on the squared norm).
   """
-  if encoder_bn == 'batch':
-    out, _ = model.apply(variables, images, train=True,
-                         mutable=['batch_stats'])
+  if encoder_bn in ('batch', 'batch_update'):
+    out, updated = model.apply(variables, images, train=True,
+                               mutable=['batch_stats'])
+    updates = updated if encoder_bn == 'batch_update' else {}
   elif encoder_bn == 'running':
-    out = model.apply(variables, images, train=False)
+    out, updates = model.apply(variables, images, train=False), {}
   else:
     raise ValueError(f'encoder_bn must be one of {ENCODER_BN}; got '
                      f'{encoder_bn!r}.')
@@ -354,7 +425,7 @@ def _frozen_features(model, variables, images, normalize: bool = False,
   if normalize:
     features = features * jax.lax.rsqrt(jnp.maximum(
         jnp.sum(features * features, axis=-1, keepdims=True), 1e-12))
-  return features
+  return features, updates
 
 
 def _logits(params, features):
@@ -383,17 +454,26 @@ def init_classifier(cfg: LinearEvalConfig, seed: int, feature_dim: int,
   """{'w': [F, C], 'b': [C]}, what `linear_evaluation(seed=seed)` starts
   from: the bias zero, the kernel zero (MoCo's code) or Glorot-uniform,
   U(-l, l) with l = sqrt(6 / (F + C)) (TF's and Keras' glorot_uniform, the
-  SupCon TF code's Dense)."""
+  SupCon TF code's Dense); or 'torch_default', PyTorch's nn.Linear(F, C):
+  kernel (kaiming_uniform with a = sqrt(5)) and bias both U(-1 / sqrt(F),
+  1 / sqrt(F))."""
+  key = jax.random.fold_in(jax.random.key(seed), _INIT_STREAM)
+  b = jnp.zeros((num_classes,), jnp.float32)
   if cfg.classifier_init == 'zeros':
     w = jnp.zeros((feature_dim, num_classes), jnp.float32)
   elif cfg.classifier_init == 'glorot_uniform':
-    key = jax.random.fold_in(jax.random.key(seed), _INIT_STREAM)
     w = jax.nn.initializers.glorot_uniform()(
         key, (feature_dim, num_classes), jnp.float32)
+  elif cfg.classifier_init == 'torch_default':
+    bound = 1. / np.sqrt(feature_dim)
+    kw, kb = jax.random.split(key)
+    w = jax.random.uniform(kw, (feature_dim, num_classes), jnp.float32,
+                           -bound, bound)
+    b = jax.random.uniform(kb, (num_classes,), jnp.float32, -bound, bound)
   else:
     raise ValueError(f'classifier_init must be one of {CLASSIFIER_INITS}; '
                      f'got {cfg.classifier_init!r}.')
-  return {'w': w, 'b': jnp.zeros((num_classes,), jnp.float32)}
+  return {'w': w, 'b': b}
 
 
 def make_step_fns(model, tx, cfg: LinearEvalConfig, mesh, *,
@@ -402,14 +482,17 @@ def make_step_fns(model, tx, cfg: LinearEvalConfig, mesh, *,
 
   train_step(params, opt_state, variables, images uint8 [B,H,W,C] ([B,1,H,W,C]
   with `host_cropped`: the view's random resized crop cut by the host,
-  `sources.RandomCrops`), labels [B], rng) -> (params, opt_state, loss): one
-  optimizer step on the batch
-  augmented with `cfg.view`, the loss the (label-smoothed) cross-entropy.
+  `sources.RandomCrops`), labels [B], rng) -> (params, opt_state,
+  encoder_updates, loss): one optimizer step on the batch augmented with
+  `cfg.view`, the loss the (label-smoothed) cross-entropy;
+  `encoder_updates` the encoder's collections to replace in `variables`
+  ({'batch_stats': ...} with `cfg.encoder_bn='batch_update'`, else {}:
+  `_frozen_features`).
   eval_counts(params, variables, images, labels, mask) -> (top-1 correct,
   top-5 correct, count), int32 scalars over the global batch. Both read the
   features L2-normalised when `cfg.normalize_features`; train_step's
   encoder BatchNorm uses `cfg.encoder_bn`'s statistics, eval_counts' the
-  running ones.
+  running ones of the `variables` it is given.
   """
   replicated = NamedSharding(mesh, P())
   rows = NamedSharding(mesh, P('data'))
@@ -418,13 +501,13 @@ def make_step_fns(model, tx, cfg: LinearEvalConfig, mesh, *,
   @functools.partial(
       jax.jit, in_shardings=(replicated, replicated, replicated, rows, rows,
                              replicated),
-      out_shardings=(replicated, replicated, replicated),
+      out_shardings=(replicated, replicated, replicated, replicated),
       donate_argnums=(0, 1))
   def train_step(params, opt_state, variables, images, labels, rng):
     x = augment.augment_groups(rng, images, (view,),
                                host_cropped=host_cropped)[0][:, 0]
-    features = _frozen_features(model, variables, x, normalize,
-                                cfg.encoder_bn)
+    features, encoder_updates = _frozen_features(
+        model, variables, x, normalize, cfg.encoder_bn)
 
     def loss_fn(p):
       return jnp.mean(cross_entropy(_logits(p, features), labels,
@@ -432,14 +515,15 @@ def make_step_fns(model, tx, cfg: LinearEvalConfig, mesh, *,
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+    return (optax.apply_updates(params, updates), opt_state,
+            encoder_updates, loss)
 
   @functools.partial(
       jax.jit, in_shardings=(replicated, replicated, rows, rows, rows),
       out_shardings=replicated)
   def eval_counts(params, variables, images, labels, mask):
-    features = _frozen_features(model, variables,
-                                images.astype(jnp.float32) / 255., normalize)
+    features, _ = _frozen_features(
+        model, variables, images.astype(jnp.float32) / 255., normalize)
     logits = _logits(params, features)
     top5 = jax.lax.top_k(logits, min(5, logits.shape[-1]))[1]
     hit1 = top5[:, 0] == labels
@@ -477,7 +561,10 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
     {'top1_last', 'top5_last', 'top1_best', 'best_epoch' (1-based),
     'train_loss_last' (mean over the last epoch's steps), 'top1_per_epoch',
     'seconds', 'classifier' ({'w': [F, C], 'b': [C]}, replicated; it reads
-    the L2-normalised features when `cfg.normalize_features`)}. `top1_best`
+    the L2-normalised features when `cfg.normalize_features`), 'variables'
+    (the encoder's variables the evaluations read: `variables` itself, but
+    with `cfg.encoder_bn='batch_update'` its 'batch_stats' those the
+    training steps left)}. `top1_best`
     selects on the evaluation split, as some papers' code does (CACR prints
     it); `top1_last` is the honest number. 'train_loss_last' is the
     label-smoothed cross-entropy when `cfg.label_smoothing` > 0.
@@ -515,9 +602,11 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
       first = epoch * steps_per_epoch
       for step, batch in enumerate(
           batches.iterate(first, first + steps_per_epoch), start=first):
-        params, opt_state, loss = train_step(
+        params, opt_state, encoder_updates, loss = train_step(
             params, opt_state, variables, batch['image'], batch['label'],
             jax.random.fold_in(key, step))
+        if encoder_updates:     # 'batch_update': the moved averages.
+          variables = {**variables, **encoder_updates}
         epoch_losses.append(loss)
         bar.update(1)
       hits1 = hits5 = count = 0
@@ -536,7 +625,7 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
   out = {'top1_last': top1[-1], 'top5_last': top5[-1], 'top1_best': top1[best],
          'best_epoch': best + 1, 'train_loss_last': losses[-1],
          'top1_per_epoch': top1, 'seconds': round(time.time() - t0, 1),
-         'classifier': params}
+         'classifier': params, 'variables': variables}
   logging.info('linear evaluation (%s, %d epochs of %d steps): top-1 %.2f%% '
                '(best %.2f%% at epoch %d) (%.1f s)', cfg.optimizer,
                cfg.epochs, steps_per_epoch, 100 * out['top1_last'],
@@ -573,7 +662,8 @@ class LinearEval(base.Evaluator):
           f'config.evals.{self.name}.batch_size to a multiple of them'
           + (f' below {num_train}.' if num_train is not None else '.'))
     splits = config.model.bn_splits
-    if self.recipe.encoder_bn == 'batch' and splits and batch % splits:
+    if (self.recipe.encoder_bn in ('batch', 'batch_update') and splits
+        and batch % splits):
       raise ValueError(
           f'the {self.cfg.preset!r} linear evaluation runs the encoder\'s '
           f'BatchNorm on batch statistics in {splits} groups '
