@@ -153,7 +153,7 @@ def test_presets_follow_the_papers_and_rescale_with_the_batch():
     linear_eval.get_config('byol')
 
 
-def test_the_supcon_moco_v3_and_tcl_cifar100_presets():
+def test_the_supcon_moco_v3_and_tcl_batch128_presets():
   # SupContrast main_linear.py + README: SGD lr 5 at batch 512, momentum
   # 0.9, no weight decay, 100 epochs, x0.2 after epochs 60, 75 and 90.
   supcon = linear_eval.PRESETS['supcon']
@@ -178,7 +178,7 @@ def test_the_supcon_moco_v3_and_tcl_cifar100_presets():
   # SimCLR's README: --weight_decay=1e-6.
   assert linear_eval.PRESETS['simclr'].weight_decay == 1e-6
   # TCL's CIFAR-100 linear stage: 'tcl' at batch 128, lr 0.5 not rescaled.
-  tcl, tcl100 = linear_eval.PRESETS['tcl'], linear_eval.PRESETS['tcl_cifar100']
+  tcl, tcl100 = linear_eval.PRESETS['tcl'], linear_eval.PRESETS['tcl_batch128']
   assert (tcl100.batch_size, tcl100.lr) == (128, 0.5)
   assert dataclasses.replace(tcl100, batch_size=64) == tcl
 
@@ -828,7 +828,7 @@ def test_the_tcl_presets_view_is_the_pretraining_transform_with_autoaugment():
   # train.py's linear stage reads train_loader, whose transform_train is
   # pretraining's: RandomCrop(padding=4), flip, AutoAugment() (CIFAR-10
   # policy, pytorch-auto-augment port).
-  for name in ('tcl', 'tcl_cifar100'):
+  for name in ('tcl', 'tcl_batch128'):
     view = linear_eval.PRESETS[name].view
     assert view == augment.PRESETS['tcl'][0], name
     assert (view.crop_scale, view.pad_crop, view.flip_p, view.autoaugment,

@@ -53,12 +53,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.optimizer.cosine_final = 1e-3
   config.num_epochs = 100.
   # TCL's linear stage as train.py's train_cross_entropy runs it (presets
-  # 'tcl' / 'tcl_cifar100'): the pretraining's crop, flip and AutoAugment,
+  # 'tcl' / 'tcl_batch128'): the pretraining's crop, flip and AutoAugment,
   # the frozen encoder's BatchNorm in train mode updating its averages, the
   # classifier at PyTorch's nn.Linear init, the cosine set once per epoch;
-  # on CIFAR-100 at its contrastive batch of 128.
+  # at the pretraining's images per step (train.py's linear loader is the
+  # pretraining's): 64 on CIFAR-10, 128 on CIFAR-100 and ImageNet-100.
   config.evals.linear_eval = common.linear_eval(
-      'tcl_cifar100' if scale == 'cifar100' else 'tcl')
+      'tcl' if scale == 'cifar10' else 'tcl_batch128')
   config.augment.preset = 'tcl'
   if scale == 'imagenet':
     config.batch_size = 256

@@ -251,9 +251,10 @@ PRESETS: dict[str, LinearEvalConfig] = {
                        cosine_final=1e-3, lr_update='after_epoch',
                        classifier_init='torch_default',
                        encoder_bn='batch_update', view=_TCL_VIEW),
-    # TCL's CIFAR-100 linear stage: the 'tcl' recipe at its contrastive
-    # batch, 128 images per step, with the same lr 0.5 (not rescaled).
-    'tcl_cifar100': LinearEvalConfig(
+    # TCL's linear stage at 128 images per step (train.py's linear loader
+    # takes the pretraining's batch: CIFAR-100's and ImageNet-100's), with
+    # the same lr 0.5 (the code's lr is fixed, not rescaled).
+    'tcl_batch128': LinearEvalConfig(
         optimizer='sgd', lr=0.5, epochs=50, batch_size=128, momentum=0.9,
         weight_decay=1e-4, schedule='cosine', cosine_final=1e-3,
         lr_update='after_epoch', classifier_init='torch_default',
