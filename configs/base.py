@@ -128,6 +128,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.head_final_bn = False
   config.model.head_final_bn_scale = True
   config.model.head_final_bn_center = True
+  # The head's (and a predictor's) Dense initialisation (models.py
+  # HEAD_INITS): 'lecun_normal' (Flax's default), 'torch_default'
+  # (torch.nn.Linear's: kernel and bias U(+-1 / sqrt(fan_in))), 'normal_0.01'
+  # (SimCLR's and SupCon's TF heads), 'glorot_uniform' (tf.layers.dense's).
+  config.model.head_init = 'lecun_normal'
   # Compute dtype of the conv and dense layers: 'float32', or 'bfloat16' for
   # mixed precision (parameters, optimizer state, BN statistics, features and
   # the loss stay float32; models.py).

@@ -183,15 +183,22 @@ class SplitBatchNorm(nn.Module):
     return y.astype(self.dtype or jnp.result_type(x.dtype, jnp.float32))
 
 
+# Every BatchNorm's running-statistics momentum, Flax's convention (the
+# statistics keep 0.9 of their value): PyTorch's momentum=0.1 (its default)
+# and TF's decay / Keras momentum 0.9 (SimCLR's and SupCon's TF codes).
+# configs/papers/recipes.yaml pins it (rows `encoder.bn_momentum`).
+BN_MOMENTUM = 0.9
+
+
 def batch_norm(*, train: bool, dtype, bn_splits: int = 0, **kwargs):
   """The encoders' BatchNorm constructor (call it with `name=`).
 
   `bn_splits` 0: nn.BatchNorm (statistics over the whole batch it sees; under
   jit over the global batch). > 0: SplitBatchNorm over that many groups.
-  Both: momentum 0.9 (PyTorch's 0.1), epsilon 1e-5.
+  Both: momentum `BN_MOMENTUM` 0.9 (PyTorch's 0.1), epsilon 1e-5.
   """
-  kwargs = dict(use_running_average=not train, momentum=0.9, epsilon=1e-5,
-                dtype=dtype, **kwargs)
+  kwargs = dict(use_running_average=not train, momentum=BN_MOMENTUM,
+                epsilon=1e-5, dtype=dtype, **kwargs)
   if bn_splits:
     return functools.partial(SplitBatchNorm, splits=bn_splits, **kwargs)
   return functools.partial(nn.BatchNorm, **kwargs)
@@ -237,6 +244,50 @@ class SmallCNN(nn.Module):
                      f'{self.pool!r}.')
 
 
+def _uniform(bound: float):
+  """U(-bound, bound), an initializer."""
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+  return init
+
+
+# The projection head's (and predictor's) Dense initialisations,
+# `config.model.head_init`: name -> (kernel init, bias init of a layer with
+# `fan_in` inputs).
+#   lecun_normal   Flax's nn.Dense default: kernel truncated normal with
+#                  variance 1 / fan_in, bias 0.
+#   torch_default  torch.nn.Linear's reset_parameters: kernel
+#                  kaiming_uniform_(a=sqrt(5)) = U(+-1 / sqrt(fan_in)), bias
+#                  U(+-1 / sqrt(fan_in)) (every PyTorch code of the paper
+#                  configs).
+#   normal_0.01    SimCLR's model_util.py linear_layer and the SupCon TF
+#                  projection_head.py: tf.random_normal_initializer(
+#                  stddev=.01), bias 0.
+#   glorot_uniform tf.layers.dense's default: U(+-sqrt(6 / (fan_in +
+#                  fan_out))), bias 0.
+HEAD_INITS: dict[str, Callable[[int], tuple[Callable, Callable]]] = {
+    'lecun_normal': lambda fan_in: (nn.initializers.lecun_normal(),
+                                    nn.initializers.zeros),
+    'torch_default': lambda fan_in: (
+        nn.initializers.variance_scaling(1 / 3, 'fan_in', 'uniform'),
+        _uniform(fan_in ** -0.5)),
+    'normal_0.01': lambda fan_in: (nn.initializers.normal(0.01),
+                                   nn.initializers.zeros),
+    'glorot_uniform': lambda fan_in: (nn.initializers.glorot_uniform(),
+                                      nn.initializers.zeros),
+}
+
+
+def head_dense_inits(name: str, fan_in: int) -> tuple[Callable, Callable]:
+  """(kernel_init, bias_init) of a head Dense layer with `fan_in` inputs
+  under HEAD_INITS[`name`]; ValueError naming the known ones."""
+  if name not in HEAD_INITS:
+    raise ValueError(f'config.model.head_init={name!r}; known: '
+                     f'{", ".join(HEAD_INITS)} (the projection head\'s and '
+                     "predictor's Dense initialisation).")
+  return HEAD_INITS[name](fan_in)
+
+
 class ProjectionHead(nn.Module):
   """SimCLR's MLP head: (num_layers - 1) x [Dense, BN, ReLU], then Dense.
 
@@ -249,6 +300,9 @@ class ProjectionHead(nn.Module):
   projector (BatchNorm1d(affine=False): neither). In training the output has
   zero mean and unit variance per feature over the batch, before the scale
   and offset.
+
+  `dense_init` names every Dense layer's kernel and bias initialisation
+  (HEAD_INITS; `config.model.head_init`).
   """
   hidden_dim: int = 512
   out_dim: int = 128
@@ -257,23 +311,28 @@ class ProjectionHead(nn.Module):
   final_bn: bool = False
   final_bn_scale: bool = True
   final_bn_center: bool = True
+  dense_init: str = 'lecun_normal'
   dtype: Any = jnp.float32
+
+  def _dense(self, features: int, x, use_bias: bool, name: str):
+    kernel_init, bias_init = head_dense_inits(self.dense_init, x.shape[-1])
+    return nn.Dense(features, use_bias=use_bias, dtype=self.dtype,
+                    kernel_init=kernel_init, bias_init=bias_init,
+                    name=name)(x)
 
   @nn.compact
   def __call__(self, h, *, train: bool):
     x = h
     for i in range(self.num_layers - 1):
-      x = nn.Dense(self.hidden_dim, use_bias=not self.batch_norm,
-                   dtype=self.dtype, name=f'dense{i}')(x)
+      x = self._dense(self.hidden_dim, x, not self.batch_norm, f'dense{i}')
       if self.batch_norm:
-        x = nn.BatchNorm(use_running_average=not train, momentum=0.9,
+        x = nn.BatchNorm(use_running_average=not train, momentum=BN_MOMENTUM,
                          dtype=self.dtype, name=f'bn{i}')(x)
       x = nn.relu(x)
     last = self.num_layers - 1
-    x = nn.Dense(self.out_dim, use_bias=not self.final_bn, dtype=self.dtype,
-                 name=f'dense{last}')(x)
+    x = self._dense(self.out_dim, x, not self.final_bn, f'dense{last}')
     if self.final_bn:
-      x = nn.BatchNorm(use_running_average=not train, momentum=0.9,
+      x = nn.BatchNorm(use_running_average=not train, momentum=BN_MOMENTUM,
                        use_scale=self.final_bn_scale,
                        use_bias=self.final_bn_center, dtype=self.dtype,
                        name=f'bn{last}')(x)
@@ -339,6 +398,7 @@ class WithPredictor(nn.Module):
   base: nn.Module
   hidden_dim: int
   out_dim: int
+  dense_init: str = 'lecun_normal'  # HEAD_INITS, as the projection head's.
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -346,7 +406,8 @@ class WithPredictor(nn.Module):
     out = self.base(x, train=train)
     predictor = ProjectionHead(hidden_dim=self.hidden_dim,
                                out_dim=self.out_dim, num_layers=2,
-                               dtype=self.dtype, name='predictor')
+                               dense_init=self.dense_init, dtype=self.dtype,
+                               name='predictor')
     prediction = predictor(out['projection'], train=train)
     return {**out, 'prediction': prediction.astype(jnp.float32)}
 
@@ -386,6 +447,7 @@ def create_model(config) -> ContrastiveModel:
                      "reads from a spatial map: its global average, or the "
                      'flattened map that evaluation reads).')
   dtype = compute_dtype(config)
+  head_dense_inits(config.model.head_init, 1)   # An unknown name fails here.
   # BatchNorm over groups of the batch (SplitBatchNorm) only when asked, so
   # that an encoder added without the field still builds.
   splits = config.model.bn_splits
@@ -398,7 +460,7 @@ def create_model(config) -> ContrastiveModel:
                         final_bn=config.model.head_final_bn,
                         final_bn_scale=config.model.head_final_bn_scale,
                         final_bn_center=config.model.head_final_bn_center,
-                        dtype=dtype)
+                        dense_init=config.model.head_init, dtype=dtype)
   return ContrastiveModel(
       encoder=encoder, head=head, head_input=head_input,
       normalize_head_input=config.model.normalize_head_input)
@@ -413,14 +475,41 @@ def create_model(config) -> ContrastiveModel:
 # parameters stay float32 (`param_dtype`), so optimizer updates are exact.
 # ---------------------------------------------------------------------------
 
-# torchvision's kaiming_normal_(mode='fan_out', nonlinearity='relu').
-_conv_init = nn.initializers.variance_scaling(2.0, 'fan_out', 'normal')
+# The ResNets' conv kernel initialisations (`encoder_kwargs.conv_init`), the
+# kernel HWIO: fan_in = kh kw Cin, fan_out = kh kw Cout.
+#   kaiming_normal_fan_out  torchvision's resnet.py (and its copies:
+#                           SupContrast, TCL, lemniscate's ImageNet ResNet):
+#                           kaiming_normal_(mode='fan_out',
+#                           nonlinearity='relu'), N(0, 2 / fan_out).
+#   torch_default           torch.nn.Conv2d's reset_parameters, for ResNets
+#                           without an init loop (lightly's ResNetGenerator,
+#                           lemniscate's CIFAR ResNet): kaiming_uniform_(
+#                           a=sqrt(5)) = U(+-1 / sqrt(fan_in)).
+#   lecun_normal            TF1's tf.variance_scaling_initializer() defaults
+#                           (SimCLR's resnet.py, SupCon's blocks.py): scale 1,
+#                           fan_in, truncated normal = Flax's lecun_normal.
+CONV_INITS: dict[str, Callable[..., Any]] = {
+    'kaiming_normal_fan_out': nn.initializers.variance_scaling(
+        2.0, 'fan_out', 'normal'),
+    'torch_default': nn.initializers.variance_scaling(1 / 3, 'fan_in',
+                                                      'uniform'),
+    'lecun_normal': nn.initializers.lecun_normal(),
+}
 
 
-def _conv_and_norm(dtype, train: bool, bn_splits: int = 0):
+def conv_kernel_init(name: str):
+  """CONV_INITS[`name`]; ValueError naming the known ones."""
+  if name not in CONV_INITS:
+    raise ValueError(f'conv_init={name!r} (config.model.encoder_kwargs); '
+                     f'known: {", ".join(CONV_INITS)}.')
+  return CONV_INITS[name]
+
+
+def _conv_and_norm(dtype, train: bool, bn_splits: int = 0,
+                   conv_init: str = 'kaiming_normal_fan_out'):
   """The bias-free conv and the BatchNorm every ResNet block uses."""
   conv = functools.partial(nn.Conv, use_bias=False, dtype=dtype,
-                           kernel_init=_conv_init)
+                           kernel_init=conv_kernel_init(conv_init))
   return conv, batch_norm(train=train, dtype=dtype, bn_splits=bn_splits)
 
 
@@ -431,12 +520,14 @@ class BasicBlock(nn.Module):
   dtype: Any = jnp.float32
   zero_init_residual: bool = False
   bn_splits: int = 0
+  conv_init: str = 'kaiming_normal_fan_out'
 
   expansion = 1
 
   @nn.compact
   def __call__(self, x, *, train: bool):
-    conv, norm = _conv_and_norm(self.dtype, train, self.bn_splits)
+    conv, norm = _conv_and_norm(self.dtype, train, self.bn_splits,
+                                self.conv_init)
     y = conv(self.filters, (3, 3), (self.strides, self.strides),
              padding=((1, 1), (1, 1)), name='conv1')(x)
     y = nn.relu(norm(name='bn1')(y))
@@ -459,12 +550,14 @@ class Bottleneck(nn.Module):
   dtype: Any = jnp.float32
   zero_init_residual: bool = False
   bn_splits: int = 0
+  conv_init: str = 'kaiming_normal_fan_out'
 
   expansion = 4
 
   @nn.compact
   def __call__(self, x, *, train: bool):
-    conv, norm = _conv_and_norm(self.dtype, train, self.bn_splits)
+    conv, norm = _conv_and_norm(self.dtype, train, self.bn_splits,
+                                self.conv_init)
     out = self.filters * self.expansion
     y = nn.relu(norm(name='bn1')(conv(self.filters, (1, 1), name='conv1')(x)))
     y = conv(self.filters, (3, 3), (self.strides, self.strides),
@@ -494,8 +587,14 @@ class ResNet(nn.Module):
       values are for tests and CPU runs).
     stem: 'imagenet' (7x7/2 conv + 3x3/2 max-pool: 224 -> 56) or 'cifar'
       (3x3/1 conv, no pool: keeps 32x32, as in SimCLR/MACL/HCL on CIFAR).
-    zero_init_residual: zero the last BN scale of every block (torchvision
-      default False, which MoCo/SimCLR-PyTorch use).
+    zero_init_residual: zero the last BN scale of every block, so that each
+      residual branch outputs 0 at init and each block starts as the
+      identity on its shortcut (Goyal et al. 2017): SimCLR's and SupCon's TF
+      resnets (`init_zero=True`), MoCo v3 (torchvision
+      `zero_init_residual=True`). False (torchvision's default): MoCo v2,
+      SupContrast, lightly, solo-learn.
+    conv_init: every conv kernel's initialisation, a CONV_INITS name
+      (torchvision's 'kaiming_normal_fan_out' by default).
     dtype: compute dtype; parameters and BN statistics stay float32.
     bn_splits: > 0: every BatchNorm normalises that many groups of its batch
       separately in training (SplitBatchNorm; config.model.bn_splits).
@@ -505,19 +604,21 @@ class ResNet(nn.Module):
   width: int = 64
   stem: str = 'imagenet'
   zero_init_residual: bool = False
+  conv_init: str = 'kaiming_normal_fan_out'
   dtype: Any = jnp.float32
   bn_splits: int = 0
 
   @nn.compact
   def __call__(self, x, *, train: bool):
     x = x.astype(self.dtype)
+    kernel_init = conv_kernel_init(self.conv_init)
     if self.stem == 'imagenet':
       x = nn.Conv(self.width, (7, 7), (2, 2), padding=((3, 3), (3, 3)),
-                  use_bias=False, dtype=self.dtype, kernel_init=_conv_init,
+                  use_bias=False, dtype=self.dtype, kernel_init=kernel_init,
                   name='conv_stem')(x)
     elif self.stem == 'cifar':
       x = nn.Conv(self.width, (3, 3), (1, 1), padding=((1, 1), (1, 1)),
-                  use_bias=False, dtype=self.dtype, kernel_init=_conv_init,
+                  use_bias=False, dtype=self.dtype, kernel_init=kernel_init,
                   name='conv_stem')(x)
     else:
       raise ValueError(f"stem must be 'imagenet' or 'cifar'; got "
@@ -533,7 +634,7 @@ class ResNet(nn.Module):
             filters=self.width * 2**i,
             strides=2 if i > 0 and j == 0 else 1, dtype=self.dtype,
             zero_init_residual=self.zero_init_residual,
-            bn_splits=self.bn_splits,
+            bn_splits=self.bn_splits, conv_init=self.conv_init,
             name=f'stage{i + 1}_block{j}')(x, train=train)
     # Features in float32 whatever the compute dtype: kNN, probes and the
     # loss's normalisation want full precision.

@@ -404,3 +404,217 @@ def test_head_without_final_bn_is_the_default_and_the_predictor_never_has_it():
   assert 'bias' not in variables['params']['base']['head']['dense1']
   assert set(variables['params']['predictor']) == {'dense0', 'bn0', 'dense1'}
   assert set(variables['batch_stats']['predictor']) == {'bn0'}
+
+
+# --- Initialisation: zero-init residual, conv and head inits --------------
+# (configs/papers/recipes.yaml rows encoder.zero_init_residual,
+# encoder.conv_init, head.init). The references are the distributions'
+# own moments and bounds, written from torch's and TF's definitions.
+
+
+def _branch_outputs(block, variables, x):
+  """The block's output and its residual branch's (the last BN's) output,
+  in training mode (batch statistics)."""
+  last = 'bn2' if isinstance(block, models.BasicBlock) else 'bn3'
+  (out, state) = block.apply(
+      variables, x, train=True, mutable=['batch_stats', 'intermediates'],
+      capture_intermediates=lambda mdl, _: mdl.name == last)
+  (branch,) = state['intermediates'][last]['__call__']
+  return np.asarray(out), np.asarray(branch)
+
+
+@pytest.mark.parametrize('block_cls,filters', [(models.BasicBlock, 8),
+                                               (models.Bottleneck, 2)])
+def test_zero_init_residual_makes_each_block_the_identity_at_init(block_cls,
+                                                                  filters):
+  # An identity-shortcut block (Cin = expansion x filters, stride 1) on a
+  # post-ReLU input: with the last BN's scale 0 its residual branch outputs
+  # 0 and the block returns relu(x + 0) = x (SimCLR's init_zero, torchvision
+  # zero_init_residual=True).
+  x = jnp.abs(jax.random.normal(jax.random.key(5), (4, 6, 6, 8)))
+  block = block_cls(filters=filters, zero_init_residual=True)
+  variables = block.init(jax.random.key(0), x, train=False)
+  last = 'bn2' if block_cls is models.BasicBlock else 'bn3'
+  np.testing.assert_array_equal(variables['params'][last]['scale'], 0.)
+  for name, p in variables['params'].items():
+    if name.startswith('bn') and name != last:
+      np.testing.assert_array_equal(p['scale'], 1.)
+  out, branch = _branch_outputs(block, variables, x)
+  np.testing.assert_array_equal(branch, 0.)
+  np.testing.assert_array_equal(out, x)
+  # Without it (torchvision's default) the branch is a unit-variance BN
+  # output and the block is not the identity.
+  plain = block_cls(filters=filters)
+  out, branch = _branch_outputs(plain,
+                                plain.init(jax.random.key(0), x, train=False),
+                                x)
+  assert np.abs(branch).mean() > 0.5
+  assert not np.allclose(out, x, atol=1e-2)
+
+
+def test_zero_init_residual_downsampling_block_is_its_shortcut():
+  # A strided block with a projection shortcut: at init its output is
+  # relu(BN(conv1x1_stride2(x))), the shortcut alone, computed here with
+  # lax.conv and BN's eval-mode formula at the initial statistics (mean 0,
+  # var 1, scale 1, offset 0).
+  x = jax.random.normal(jax.random.key(6), (3, 8, 8, 4))
+  block = models.BasicBlock(filters=8, strides=2, zero_init_residual=True)
+  variables = block.init(jax.random.key(1), x, train=False)
+  kernel = variables['params']['downsample_conv']['kernel']
+  shortcut = jax.lax.conv_general_dilated(
+      x, kernel, (2, 2), 'VALID', dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+  want = np.maximum(np.asarray(shortcut) / np.sqrt(1. + 1e-5), 0.)
+  got = block.apply(variables, x, train=False)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_zero_init_residual_reaches_every_block_through_the_config():
+  config = _model_config(**{
+      'encoder': 'resnet18', 'head_hidden_dim': 8, 'head_out_dim': 4,
+      'encoder_kwargs': {'width': 4, 'stem': 'cifar',
+                         'zero_init_residual': True}})
+  params = _init(models.create_model(config), (2, 8, 8, 3))['params']
+  encoder = params['encoder']
+  blocks = [k for k in encoder if k.startswith('stage')]
+  assert len(blocks) == 8
+  for name in blocks:
+    np.testing.assert_array_equal(encoder[name]['bn2']['scale'], 0.)
+    np.testing.assert_array_equal(encoder[name]['bn1']['scale'], 1.)
+  np.testing.assert_array_equal(encoder['bn_stem']['scale'], 1.)
+
+
+def _conv_kernels(conv_init, width=16):
+  enc = models.ResNet18(width=width, stem='imagenet', conv_init=conv_init)
+  params = _init(enc, (1, 32, 32, 3))['params']
+  return [np.asarray(leaf, np.float64) for path, leaf in
+          jax.tree_util.tree_flatten_with_path(params)[0]
+          if path[-1].key == 'kernel']
+
+
+@pytest.mark.parametrize('conv_init', ['kaiming_normal_fan_out',
+                                       'torch_default', 'lecun_normal'])
+def test_conv_init_draws_have_the_reference_variance_and_bounds(conv_init):
+  # Every conv of a width-16 ResNet-18 (7x7 stem, 3x3 and 1x1 convs; HWIO),
+  # each kernel's draws scaled by the reference standard deviation:
+  #   kaiming_normal_fan_out  torch kaiming_normal_(mode='fan_out'):
+  #                           N(0, 2 / (kh kw Cout)), untruncated;
+  #   torch_default           nn.Conv2d: U(+-b), b = 1 / sqrt(kh kw Cin),
+  #                           variance b^2 / 3;
+  #   lecun_normal            TF1 variance_scaling_initializer(): normal
+  #                           truncated at 2 sigma', sigma' = sqrt(1 /
+  #                           (kh kw Cin)) / 0.87962566, variance 1 / fan_in.
+  kernels = _conv_kernels(conv_init)
+  assert len(kernels) == 1 + 16 + 3       # stem, 2 per block, 3 shortcuts
+  scaled, worst = [], 0.
+  for w in kernels:
+    kh, kw, cin, cout = w.shape
+    if conv_init == 'kaiming_normal_fan_out':
+      std = np.sqrt(2. / (kh * kw * cout))
+    elif conv_init == 'torch_default':
+      bound = 1. / np.sqrt(kh * kw * cin)
+      assert np.abs(w).max() <= bound
+      std = bound / np.sqrt(3.)
+    else:
+      std = np.sqrt(1. / (kh * kw * cin))
+      assert np.abs(w).max() <= 2. * std / 0.87962566103423978
+    z = (w / std).ravel()
+    worst = max(worst, np.abs(z).max())
+    scaled.append(z)
+  z = np.concatenate(scaled)
+  assert z.size > 500_000
+  assert abs(z.mean()) < 0.01
+  np.testing.assert_allclose(np.mean(z**2), 1., rtol=0.01)
+  # The shape of the distribution: untruncated normals reach past 4 sigma
+  # in half a million draws; the truncated one stops at 2 / 0.8796 = 2.27
+  # sigma; the uniform at sqrt(3).
+  want_max = {'kaiming_normal_fan_out': (4., np.inf),
+              'torch_default': (0.99 * np.sqrt(3.), np.sqrt(3.)),
+              'lecun_normal': (2.2, 2. / 0.87962566103423978)}[conv_init]
+  assert want_max[0] < worst <= want_max[1] + 1e-6
+
+
+def test_unknown_conv_init_is_an_error_naming_the_choices():
+  enc = models.ResNet18(width=4, stem='cifar', conv_init='xavier')
+  with pytest.raises(ValueError, match="conv_init='xavier'.*"
+                     'kaiming_normal_fan_out, torch_default, lecun_normal'):
+    _init(enc, (1, 8, 8, 3))
+
+
+def _head_params(init, fan_in=512, hidden=256, out=128):
+  head = models.ProjectionHead(hidden_dim=hidden, out_dim=out, num_layers=2,
+                               batch_norm=False, dense_init=init)
+  params = head.init(jax.random.key(7), jnp.zeros((2, fan_in)),
+                     train=False)['params']
+  return {layer: {k: np.asarray(v, np.float64) for k, v in p.items()}
+          for layer, p in params.items()}
+
+
+@pytest.mark.parametrize('init', ['lecun_normal', 'torch_default',
+                                  'normal_0.01', 'glorot_uniform'])
+def test_head_init_draws_have_the_reference_variance_and_bounds(init):
+  # A 512-256-128 head without BatchNorm (both Dense layers with a bias).
+  #   lecun_normal    Flax's default: truncated normal, variance 1 / fan_in,
+  #                   bias 0;
+  #   torch_default   nn.Linear: kernel and bias U(+-1 / sqrt(fan_in));
+  #   normal_0.01     tf.random_normal_initializer(stddev=.01), bias 0;
+  #   glorot_uniform  U(+-sqrt(6 / (fan_in + fan_out))), bias 0.
+  params = _head_params(init)
+  for layer, (fan_in, fan_out) in (('dense0', (512, 256)),
+                                   ('dense1', (256, 128))):
+    w, b = params[layer]['kernel'], params[layer]['bias']
+    assert w.shape == (fan_in, fan_out)
+    if init == 'torch_default':
+      bound = 1. / np.sqrt(fan_in)
+      var, lim = bound**2 / 3., bound
+    elif init == 'glorot_uniform':
+      bound = np.sqrt(6. / (fan_in + fan_out))
+      var, lim = bound**2 / 3., bound
+    elif init == 'lecun_normal':
+      var = 1. / fan_in
+      lim = 2. * np.sqrt(var) / 0.87962566103423978
+    else:
+      var, lim = 0.01**2, np.inf
+    np.testing.assert_allclose(np.mean(w**2), var, rtol=0.03)
+    assert abs(w.mean()) < 0.02 * np.sqrt(var)
+    assert np.abs(w).max() <= lim
+    if init in ('torch_default', 'glorot_uniform'):
+      assert np.abs(w).max() > 0.99 * lim     # Uniform up to its bound.
+    if init == 'normal_0.01':
+      # Untruncated: some of 32k-131k draws lie past 3 sigma.
+      assert np.abs(w).max() > 0.035
+    if init == 'torch_default':
+      # The bias too: U(+-1 / sqrt(fan_in)) of its own layer.
+      assert np.abs(b).max() <= 1. / np.sqrt(fan_in)
+      assert np.abs(b).max() > 0.9 / np.sqrt(fan_in)
+      np.testing.assert_allclose(np.mean(b**2), 1. / (3. * fan_in),
+                                 rtol=0.3)
+    else:
+      np.testing.assert_array_equal(b, 0.)
+
+
+def test_head_init_reaches_the_head_and_the_predictor_through_the_config():
+  config = _model_config(**{
+      'encoder': 'small_cnn', 'encoder_kwargs': {'widths': (4, 8),
+                                                 'pool': 'none'},
+      'head_hidden_dim': 16, 'head_out_dim': 6, 'head_init': 'torch_default'})
+  config.method, config.loss = 'moco', 'infonce'
+  config.moco.predictor_hidden_dim = 12
+  params = _init(step_lib.create_model(config), (2, 28, 28, 1))['params']
+  head, predictor = params['base']['head'], params['predictor']
+  # The head's last Dense (fan_in 16) and the predictor's (fan_in 12) carry
+  # nn.Linear's U(+-1 / sqrt(fan_in)) bias; Flax's default would be 0.
+  for dense, fan_in in ((head['dense1'], 16), (predictor['dense1'], 12)):
+    b = np.asarray(dense['bias'])
+    assert 0 < np.abs(b).max() <= 1. / np.sqrt(fan_in)
+    assert np.abs(np.asarray(dense['kernel'])).max() <= 1. / np.sqrt(fan_in)
+  # configs/base.py keeps Flax's default.
+  assert base_config.get_config().model.head_init == 'lecun_normal'
+
+
+def test_unknown_head_init_is_an_error_naming_the_choices():
+  config = _model_config(**{
+      'encoder': 'small_cnn', 'head_init': 'he',
+      'encoder_kwargs': {'widths': (4, 8), 'pool': 'none'}})
+  with pytest.raises(ValueError, match="head_init='he'.*lecun_normal, "
+                     'torch_default, normal_0.01, glorot_uniform'):
+    models.create_model(config)

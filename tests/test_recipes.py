@@ -30,6 +30,7 @@ import yaml
 
 import configs.papers
 from configs.papers import common
+from contrastive_jax import models
 from contrastive_jax.evaluators import linear_eval
 from input_pipeline import augment
 
@@ -95,6 +96,12 @@ def hyperparameters(config) -> dict:
       'encoder': model.encoder,
       'encoder.stem': model.encoder_kwargs.stem,
       'encoder.width': model.encoder_kwargs.width,
+      'encoder.zero_init_residual': model.encoder_kwargs.zero_init_residual,
+      'encoder.conv_init': model.encoder_kwargs.conv_init,
+      # A constant of the code (models.BN_MOMENTUM, Flax's convention), in
+      # PyTorch's: the share of a batch's statistics in the running ones.
+      'encoder.bn_momentum': round(1 - models.BN_MOMENTUM, 6),
+      'head.init': model.head_init,
       'head.layers': model.head_layers,
       'head.out_dim': model.head_out_dim,
       'head.hidden_bn': model.head_batch_norm,

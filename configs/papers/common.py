@@ -28,6 +28,13 @@ import ml_collections
 from configs import base as base_config
 
 SCALES = ('imagenet', 'cifar10', 'cifar100')
+# The encoder's initialisation in torchvision's resnet.py (MoCo v2 and its
+# copies, SupContrast, TCL, solo-learn, lemniscate's ImageNet ResNet): every
+# conv kaiming_normal_(mode='fan_out'), every BatchNorm scale 1
+# (zero_init_residual=False). configs/papers/recipes.yaml rows
+# `encoder.zero_init_residual` and `encoder.conv_init` give each config's.
+TORCHVISION_INIT = {'zero_init_residual': False,
+                    'conv_init': 'kaiming_normal_fan_out'}
 
 
 def scale_of(arg: str | None) -> str:
@@ -51,6 +58,9 @@ def base(scale: str) -> ml_collections.ConfigDict:
   """configs/base.py at `scale`: data, encoder, precision, evaluation."""
   config = base_config.get_config()
   config.model.dtype = 'bfloat16'     # Mixed precision (models.py).
+  # The PyTorch references' head: nn.Linear's default init (kernel and bias
+  # U(+-1 / sqrt(fan_in))); the TF codes' is set by `tf_init`.
+  config.model.head_init = 'torch_default'
   config.eval.baselines = False       # Raw pixels of 224 px: 150k-d rows.
   config.eval.batch_size = 1024
   config.log_every_steps = 100
@@ -67,7 +77,8 @@ def base(scale: str) -> ml_collections.ConfigDict:
     config.dataset.in_memory = False  # Every host reads only its part.
     config.model.encoder = 'resnet50'
     config.model.encoder_kwargs = ml_collections.ConfigDict(
-        {'stem': 'imagenet', 'stage_sizes': (3, 4, 6, 3), 'width': 64})
+        {'stem': 'imagenet', 'stage_sizes': (3, 4, 6, 3), 'width': 64,
+         **TORCHVISION_INIT})
     config.checkpoint_every_steps = 2000
     config.evals.online_knn.every_steps = 5000
   else:
@@ -77,10 +88,34 @@ def base(scale: str) -> ml_collections.ConfigDict:
     config.dataset.in_memory = True   # 50k 32 x 32 x 3 images: 150 MB.
     config.model.encoder = 'resnet18'
     config.model.encoder_kwargs = ml_collections.ConfigDict(
-        {'stem': 'cifar', 'stage_sizes': (2, 2, 2, 2), 'width': 64})
+        {'stem': 'cifar', 'stage_sizes': (2, 2, 2, 2), 'width': 64,
+         **TORCHVISION_INIT})
     config.augment.preset = 'simclr_small'   # SimCLR's, no blur at 32 px.
     config.checkpoint_every_steps = 1000
     config.evals.online_knn.every_steps = 2000
+  return config
+
+
+def tf_init(config):
+  """The TF codes' initialisation (SimCLR v1 resnet.py and model_util.py;
+  the SupCon authors' blocks.py and projection_head.py): the last BatchNorm
+  of every residual block with scale 0 (`batch_norm_relu(..., init_zero=True)`
+  / `batch_norm(init_zero=True)`), every conv
+  `tf.variance_scaling_initializer()` (scale 1, fan_in, truncated normal:
+  'lecun_normal'), every head Dense `tf.random_normal_initializer(
+  stddev=.01)` with zero biases."""
+  config.model.encoder_kwargs.zero_init_residual = True
+  config.model.encoder_kwargs.conv_init = 'lecun_normal'
+  config.model.head_init = 'normal_0.01'
+  return config
+
+
+def torch_conv_init(config):
+  """Every conv with torch.nn.Conv2d's default init (kaiming_uniform_(
+  a=sqrt(5)) = U(+-1 / sqrt(fan_in))): the CIFAR ResNets without an init
+  loop, lightly's (lightly/models/resnet.py ResNetGenerator) and
+  lemniscate's (models/resnet_cifar.py)."""
+  config.model.encoder_kwargs.conv_init = 'torch_default'
   return config
 
 

@@ -35,9 +35,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.head_final_bn = True
   if scale == 'imagenet':
     common.lars_simclr(config, epochs=100.)
+    common.tf_init(config)  # SimCLR v1 resnet.py / model_util.py init.
     config.model.head_final_bn_center = False
   else:
     common.sgd_cifar(config)
+    common.torch_conv_init(config)  # lightly's ResNet has no init loop.
     # lightly cifar10_benchmark.py SimCLRTransform cj_strength=0.5 (DCL too).
     config.augment.overrides = ({'jitter_strength': 0.5},)
   return config

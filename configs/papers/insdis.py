@@ -47,6 +47,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.evals.knn.temperature = 0.07
   else:
     common.sgd_cifar(config, batch_size=128)
+    # lemniscate models/resnet_cifar.py has no init loop: nn.Conv2d's
+    # default init (its ImageNet models/resnet.py draws torchvision's
+    # kaiming_normal fan_out, the default here).
+    common.torch_conv_init(config)
     # lemniscate cifar.py: --nce-t 0.1, batch 128, SGD lr 0.03 (momentum
     # 0.9, weight decay 5e-4), x0.1 at epochs 120 and 160 of 200;
     # RandomResizedCrop(32, (0.2, 1)), ColorJitter(0.4, 0.4, 0.4, 0.4)

@@ -29,6 +29,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       {'temperature': 0.1, 'variant': 'a', 'alpha': 2.0})
   if scale == 'imagenet':
     common.lars_simclr(config, epochs=100.)
+    common.tf_init(config)  # SimCLR v1 resnet.py / model_util.py init.
     # SimCLR's head: a BatchNorm with a learned scale and no offset on the
     # output (simclr model_util.py linear_layer(use_bias=False, use_bn=True)).
     config.model.head_final_bn = True

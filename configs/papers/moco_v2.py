@@ -41,6 +41,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.moco.queue_size = 65536
   else:
     common.sgd_cifar(config)
+    common.torch_conv_init(config)  # lightly's ResNet has no init loop.
     # lightly cifar10_benchmark.py SimCLRTransform cj_strength=0.5 (MoCo too).
     config.augment.overrides = ({'jitter_strength': 0.5},)
     config.model.head_batch_norm = False      # MoCo's head.

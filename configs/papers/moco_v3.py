@@ -43,6 +43,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     common.lars_simclr(config, epochs=100., base_learning_rate=0.6,
                        weight_decay=1e-6)
     config.model.head_hidden_dim, config.model.head_out_dim = 4096, 256
+    # moco-v3 main_moco.py: MoCo_ResNet(partial(torchvision_models.resnet50,
+    # zero_init_residual=True), ...): each block's last BN scale 0.
+    config.model.encoder_kwargs.zero_init_residual = True
     config.augment.preset = 'byol'
     # moco-v3 main_moco.py: ColorJitter(0.4, 0.4, 0.2, 0.1) p=0.8; CONFIG.md
     # ResNet-50 commands: --crop-min=.2.

@@ -30,6 +30,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.head_final_bn = True
   if scale == 'imagenet':
     common.lars_simclr(config, epochs=100.)
+    # SimCLR v1 resnet.py and model_util.py: zero-init residual (init_zero
+    # on each block's last BN), convs tf.variance_scaling_initializer(), head
+    # random_normal(0.01).
+    common.tf_init(config)
     config.loss_kwargs = ml_collections.ConfigDict({'temperature': 0.1})
     # simclr model_util.py linear_layer(use_bias=False, use_bn=True): BN
     # with center=use_bias=False, a learned scale only.
@@ -39,6 +43,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.loss_scale = 2.0
   else:
     common.sgd_cifar(config)
+    common.torch_conv_init(config)  # lightly's ResNet has no init loop.
     # lightly SimCLRProjectionHead: BatchNorm1d(128), scale and offset.
     config.loss_kwargs = ml_collections.ConfigDict({'temperature': 0.5})
     # lightly cifar10_benchmark.py SimCLRTransform cj_strength=0.5; simclr

@@ -53,6 +53,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     common.lars_simclr(config, batch_size=6144, epochs=350.,
                        base_learning_rate=0.4, weight_decay=1e-3,
                        warmup_epochs=12.)
+    # blocks.py: each block's last BN init_zero=True, convs
+    # tf.variance_scaling_initializer(); projection_head.py: kernel
+    # tf.random_normal_initializer(stddev=.01) (launcher.py passes none).
+    common.tf_init(config)
     # --projection_head_layers=128: one Dense(128), no BatchNorm (the code's
     # Dense has no bias; this head's keeps one, undecayed).
     config.model.head_layers = 1

@@ -72,6 +72,7 @@ class Method(base.Method):
       return model
     return models.WithPredictor(base=model, hidden_dim=hidden,
                                 out_dim=config.model.head_out_dim,
+                                dense_init=config.model.head_init,
                                 dtype=models.compute_dtype(config))
 
   @classmethod
