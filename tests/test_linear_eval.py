@@ -60,18 +60,22 @@ CFG = linear_eval.LinearEvalConfig(
 
 
 def _numpy_reference(train, test, cfg, train_features=None,
-                     eval_features=None, lr_of_epoch=None):
+                     eval_features=None, lr_of_epoch=None, start=None):
   """The SGD loop; `train_features` / `eval_features` map a batch of pixel
   rows [n, F] to its features (default: the pixels themselves; the
   evaluation's are computed after each epoch, so they may read state the
   training calls moved); `lr_of_epoch(epoch)`: an lr held for each epoch
-  (default: the per-step cosine)."""
+  (default: the per-step cosine); `start`: the classifier's (w, b) at step
+  0 (default: zeros)."""
   x = train.images.astype(np.float64)[:, :, ::-1].reshape(N, -1) / 255.
   y = train.labels
   tx = test.images.astype(np.float64).reshape(len(test), -1) / 255.
   train_features = train_features or (lambda rows: rows)
   eval_features = eval_features or (lambda rows: rows)
-  w, b = np.zeros((x.shape[1], C)), np.zeros(C)
+  if start is None:
+    w, b = np.zeros((x.shape[1], C)), np.zeros(C)
+  else:
+    w, b = (np.asarray(v, np.float64) for v in start)
   mw, mb = np.zeros_like(w), np.zeros_like(b)
   steps_per_epoch = N // cfg.batch_size
   total, step, top1, losses = cfg.epochs * steps_per_epoch, 0, [], []
@@ -183,11 +187,12 @@ def test_the_supcon_moco_v3_and_tcl_batch128_presets():
   assert dataclasses.replace(tcl100, batch_size=64) == tcl
 
 
-def _numpy_step_sgd(train, test, cfg, steps_per_epoch):
-  """Plain-momentum SGD (PyTorch's), the step schedule written out."""
+def _numpy_step_sgd(train, test, cfg, steps_per_epoch, start):
+  """Plain-momentum SGD (PyTorch's) from the classifier `start` = (w, b),
+  the step schedule written out."""
   x = train.images.astype(np.float64)[:, :, ::-1].reshape(N, -1) / 255.
   y = train.labels
-  w, b = np.zeros((x.shape[1], C)), np.zeros(C)
+  w, b = (np.asarray(v, np.float64) for v in start)
   mw, mb = np.zeros_like(w), np.zeros_like(b)
   lrs = []
   for epoch in range(cfg.epochs):
@@ -215,9 +220,14 @@ def test_a_short_run_of_the_supcon_preset_follows_its_step_schedule():
       milestones=(1, 2, 3),
       view=augment.ViewConfig(crop_scale=None, flip_p=1.0))
   assert cfg.lr == pytest.approx(5.0 * 16 / 512)
+  # The run starts from nn.Linear's init for seed SEED (main_linear.py's
+  # LinearClassifier), which numpy replays from there.
+  start = jax.device_get(linear_eval.init_classifier(cfg, SEED, HW * HW, C))
+  assert cfg.classifier_init == 'torch_default' and np.any(start['b'])
+  start = (start['w'], start['b'])
   out = _run(runtime.create_mesh(), cfg)
   w, b, lrs = _numpy_step_sgd(_data(0, N), _data(1, 30), cfg,
-                              steps_per_epoch=N // 16)
+                              steps_per_epoch=N // 16, start=start)
   assert lrs == pytest.approx([0.15625, 0.03125, 0.00625, 0.00125])
   got = jax.device_get(out['classifier'])
   scale = np.abs(w).max()
@@ -226,7 +236,7 @@ def test_a_short_run_of_the_supcon_preset_follows_its_step_schedule():
   # A constant lr (no decay) ends elsewhere: the schedule is what was used.
   flat = dataclasses.replace(cfg, milestones=())
   w_flat, _, _ = _numpy_step_sgd(_data(0, N), _data(1, 30), flat,
-                                 steps_per_epoch=N // 16)
+                                 steps_per_epoch=N // 16, start=start)
   assert np.abs(w_flat - w).max() > 100 * 1e-5 * scale
   # And the preset's own augmentation (crop 0.2-1 + flip) runs.
   own = _run(runtime.create_mesh(),
@@ -822,6 +832,134 @@ def test_a_run_with_the_after_epoch_lr_matches_numpy():
   assert out['top1_per_epoch'] == pytest.approx(top1)
   w_step, _, _, _ = _numpy_reference(_data(0, N), _data(1, 30), CFG)
   assert np.abs(w_step - w).max() > 100 * 1e-5 * scale
+
+
+def test_the_normal_classifier_init_is_mocos_fc_init():
+  # MoCo's (and MoCo v3's) main_lincls.py: fc.weight.normal_(mean=0.0,
+  # std=0.01), fc.bias.zero_(). The draws' moments, computed here in
+  # float64 over 2048 x 1000 values: mean 0 (standard error 0.01 / 1431 =
+  # 7e-6), std 0.01 (standard error 0.01 / sqrt(2 x 2048000) = 5e-6).
+  for name in ('moco', 'moco_v3'):
+    assert linear_eval.PRESETS[name].classifier_init == 'normal_0.01', name
+  cfg = linear_eval.PRESETS['moco']
+  init = jax.device_get(linear_eval.init_classifier(cfg, 3, 2048, 1000))
+  assert init['w'].shape == (2048, 1000) and init['b'].shape == (1000,)
+  assert not np.any(init['b'])
+  w = init['w'].astype(np.float64)
+  assert abs(w.mean()) < 5 * 0.01 / math.sqrt(w.size)
+  assert w.std() == pytest.approx(0.01, abs=5 * 0.01 / math.sqrt(2 * w.size))
+  # Normal, not uniform: a fourth standardised moment of 3 (uniform: 1.8),
+  # values beyond 3 std at the normal's rate 0.27%.
+  z = w / w.std()
+  assert np.mean(z ** 4) == pytest.approx(3., abs=0.02)
+  assert np.mean(np.abs(z) > 3) == pytest.approx(0.0027, abs=3e-4)
+  again = jax.device_get(linear_eval.init_classifier(cfg, 3, 2048, 1000))
+  np.testing.assert_array_equal(again['w'], init['w'])
+  other = jax.device_get(linear_eval.init_classifier(cfg, 4, 2048, 1000))
+  assert not np.allclose(other['w'], init['w'])
+
+
+def test_the_three_fields_of_every_preset_are_the_official_codes():
+  # (classifier_init, encoder_bn, lr_update) as configs/papers/recipes.yaml
+  # records them: MoCo's and MoCo v3's main_lincls.py (fc N(0, 0.01^2),
+  # model.eval(), adjust_learning_rate before each epoch); SupContrast's
+  # main_linear.py and CACR's linear_eval.py (nn.Linear's init, eval mode,
+  # the lr set per epoch); SimCLR v1 (--zero_init_logits_layer,
+  # is_training=False, the global step's cosine); SupCon's TF stage 2; TCL's
+  # train.py; 'cifar' (this project's) and 'macl' (unstated) the defaults.
+  want = {
+      'moco': ('normal_0.01', 'running', 'epoch_start'),
+      'moco_v3': ('normal_0.01', 'running', 'epoch_start'),
+      'supcon': ('torch_default', 'running', 'epoch_start'),
+      'cacr_small': ('torch_default', 'running', 'epoch_start'),
+      'simclr': ('zeros', 'running', 'every_step'),
+      'supcon_tf': ('glorot_uniform', 'batch', 'every_step'),
+      'tcl': ('torch_default', 'batch_update', 'after_epoch'),
+      'tcl_batch128': ('torch_default', 'batch_update', 'after_epoch'),
+      'cifar': ('zeros', 'running', 'every_step'),
+      'macl': ('zeros', 'running', 'every_step'),
+  }
+  assert sorted(want) == sorted(linear_eval.PRESETS)
+  for name, fields in want.items():
+    cfg = linear_eval.PRESETS[name]
+    assert (cfg.classifier_init, cfg.encoder_bn, cfg.lr_update) == fields, (
+        name)
+
+
+def test_epoch_start_is_the_step_schedule_at_whole_epoch_milestones():
+  # MoCo's adjust_learning_rate(optimizer, epoch) before each epoch: lr x
+  # 0.1 for each milestone <= epoch, held for the epoch; SupContrast's (x0.2
+  # for each milestone the 1-based epoch exceeds) and CACR's MultiStepLR
+  # stepped after each epoch give the same. Written out per epoch here, and
+  # equal to the per-step schedule at every step.
+  spe = 7
+  for name, rate in (('moco', 0.1), ('supcon', 0.2), ('cacr_small', 0.2)):
+    cfg = linear_eval.PRESETS[name]
+    assert (cfg.schedule, cfg.lr_update, cfg.lr_decay) == (
+        'step', 'epoch_start', rate), name
+    steps = np.arange(cfg.epochs * spe)
+    held = np.asarray(linear_eval.learning_rate(cfg, spe)(steps))
+    want = np.asarray([cfg.lr * rate ** sum(m <= s // spe
+                                            for m in cfg.milestones)
+                       for s in steps])
+    np.testing.assert_allclose(held, want, rtol=1e-6, err_msg=name)
+    per_step = np.asarray(linear_eval.learning_rate(dataclasses.replace(
+        cfg, lr_update='every_step'), spe)(steps))
+    np.testing.assert_array_equal(held, per_step, err_msg=name)
+
+
+def test_epoch_start_cosine_is_moco_v3s_adjust_learning_rate():
+  # MoCo v3's main_lincls.py: before epoch e (0-based), lr = init_lr x 0.5
+  # x (1 + cos(pi e / epochs)), held for the epoch.
+  cfg = linear_eval.PRESETS['moco_v3']
+  spe = 1251                           # 1281167 // 1024
+  sched = linear_eval.learning_rate(cfg, spe)
+  for epoch in range(90):
+    want = 0.4 * 0.5 * (1 + math.cos(math.pi * epoch / 90))
+    for step in (epoch * spe, epoch * spe + spe // 2, epoch * spe + spe - 1):
+      assert float(sched(step)) == pytest.approx(want, rel=1e-5, abs=1e-7), (
+          epoch, step)
+  # Against the per-step cosine it replaces: never below it, at most
+  # pi / (2 x 90) of the peak above (the cosine's largest fall in one
+  # epoch), the last epoch at 3.0e-4 x lr where the per-step one ends at 0.
+  steps = np.arange(90 * spe)
+  per_step = np.asarray(linear_eval.learning_rate(
+      dataclasses.replace(cfg, lr_update='every_step'), spe)(steps))
+  held = np.asarray(sched(steps))
+  gap = held - per_step
+  assert gap.min() >= -1e-6
+  assert gap.max() == pytest.approx(0.4 * 0.5 * math.sin(math.pi / 90),
+                                    rel=1e-2)
+  assert held[-1] / 0.4 == pytest.approx(0.5 * (1 - math.cos(math.pi / 90)),
+                                         rel=1e-3)
+
+
+def test_a_run_from_the_normal_init_with_the_epoch_start_lr_matches_numpy():
+  # CFG's cosine held per epoch at its value at the epoch's start (0.3,
+  # 0.225, 0.075), from MoCo's N(0, 0.01^2) classifier: MoCo v3's probe in
+  # miniature.
+  cfg = dataclasses.replace(CFG, lr_update='epoch_start',
+                            classifier_init='normal_0.01')
+  lrs = [0.3 * 0.5 * (1 + math.cos(math.pi * e / 3)) for e in range(3)]
+  assert lrs == pytest.approx([0.3, 0.225, 0.075])
+  start = jax.device_get(linear_eval.init_classifier(cfg, SEED, HW * HW, C))
+  assert np.any(start['w']) and not np.any(start['b'])
+  out = _run(runtime.create_mesh(), cfg)
+  w, b, top1, _ = _numpy_reference(_data(0, N), _data(1, 30), cfg,
+                                   lr_of_epoch=lambda e: lrs[e],
+                                   start=(start['w'], start['b']))
+  got = jax.device_get(out['classifier'])
+  scale = np.abs(w).max()
+  np.testing.assert_allclose(got['w'], w, atol=1e-5 * scale)
+  np.testing.assert_allclose(got['b'], b, atol=1e-5 * scale)
+  assert out['top1_per_epoch'] == pytest.approx(top1)
+  # Neither the per-step cosine nor the zero start reaches those weights.
+  w_step, _, _, _ = _numpy_reference(_data(0, N), _data(1, 30), cfg,
+                                     start=(start['w'], start['b']))
+  assert np.abs(w_step - w).max() > 100 * 1e-5 * scale
+  w_zero, _, _, _ = _numpy_reference(_data(0, N), _data(1, 30), cfg,
+                                     lr_of_epoch=lambda e: lrs[e])
+  assert np.abs(w_zero - w).max() > 100 * 1e-5 * scale
 
 
 def test_the_tcl_presets_view_is_the_pretraining_transform_with_autoaugment():

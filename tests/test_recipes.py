@@ -47,11 +47,12 @@ VIEW_FIELDS = ('crop_scale', 'flip_p', 'jitter', 'jitter_p', 'grayscale_p',
 OPTIONAL_VIEW_FIELDS = ('crop_ratio', 'pad_crop', 'autoaugment',
                         'autoaugment_impl', 'erase_p', 'size')
 # LinearEvalConfig fields pinned only when a linear-evaluation preset sets
-# them away from their default (SupCon's TF stage 2, TCL's train.py), as the
-# optional view fields: setting one in a preset fails until the table has
-# its row.
-OPTIONAL_LINEAR_FIELDS = ('label_smoothing', 'normalize_features',
-                          'classifier_init', 'encoder_bn', 'lr_update')
+# them away from their default (SupCon's TF stage 2), as the optional view
+# fields: setting one in a preset fails until the table has its row. The
+# classifier's init, the encoder's BatchNorm mode and the lr's timing
+# (`classifier_init`, `encoder_bn`, `lr_update`) have a row in every config
+# with a linear evaluation, each read in the official code.
+OPTIONAL_LINEAR_FIELDS = ('label_smoothing', 'normalize_features')
 # The order in which augment.augment_image applies the ops.
 
 def _plain(x):
@@ -203,6 +204,9 @@ def hyperparameters(config) -> dict:
         'linear_eval.schedule': probe.schedule,
         'linear_eval.crop_scale': _plain(probe.view.crop_scale),
         'linear_eval.flip_p': probe.view.flip_p,
+        'linear_eval.classifier_init': probe.classifier_init,
+        'linear_eval.encoder_bn': probe.encoder_bn,
+        'linear_eval.lr_update': probe.lr_update,
     })
     if probe.optimizer == 'sgd':
       h['linear_eval.momentum'] = probe.momentum

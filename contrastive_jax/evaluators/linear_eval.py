@@ -51,8 +51,8 @@ from input_pipeline import sources
 OPTIMIZERS = ('sgd', 'adam', 'rmsprop')
 ENCODER_BN = ('running', 'batch', 'batch_update')
 SCHEDULES = ('constant', 'cosine', 'step', 'exponential')
-LR_UPDATES = ('every_step', 'after_epoch')
-CLASSIFIER_INITS = ('zeros', 'glorot_uniform', 'torch_default')
+LR_UPDATES = ('every_step', 'epoch_start', 'after_epoch')
+CLASSIFIER_INITS = ('zeros', 'normal_0.01', 'glorot_uniform', 'torch_default')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,15 +74,24 @@ class LinearEvalConfig:
   for step < W, then lr x lr_decay ^ floor((step - W) / (epochs_per_decay x
   steps per epoch)), the decay counted from the warmup's end.
   `lr_update` is when the schedule moves: 'every_step' (the schedule's
-  value at each step) or 'after_epoch', PyTorch code that calls its
+  value at each step: the TF codes' global-step schedules);
+  'epoch_start', held for each epoch at the schedule's value at that
+  epoch's first step (PyTorch code that calls `adjust_learning_rate(
+  optimizer, epoch)` before training epoch `epoch`, MoCo's and MoCo v3's
+  main_lincls.py, SupContrast's main_linear.py, or steps an lr_scheduler
+  once after each epoch, CACR's linear_eval.py; for a 'step' schedule
+  whose milestones are whole epochs, the same lr as 'every_step' at every
+  step); or
+  'after_epoch', PyTorch code that calls its
   `adjust_learning_rate(optimizer, epoch)` after training epoch `epoch`
   (0-based) with that index: epoch e >= 1 trains at the schedule's value
   at epoch e - 1's first step, epoch 0 at its first value, so epochs 0
   and 1 share the initial lr (TCL's train.py).
 
   `encoder_bn` is the statistics the frozen encoder's BatchNorm uses in the
-  training steps: 'running', its running averages (eval mode, every paper's
-  PyTorch code: `model.eval()`); 'batch', the mean and biased variance of
+  training steps: 'running', its running averages (eval mode: the
+  PyTorch probes' `model.eval()`, SimCLR's `is_training=False` under
+  `--fine_tune_after_block=4`); 'batch', the mean and biased variance of
   the step's global batch of augmented images (the model applied in train
   mode, the statistics it would update discarded: the SupCon TF code's
   stage 2); 'batch_update', the same batch statistics with the running
@@ -93,10 +102,12 @@ class LinearEvalConfig:
   the updated ones for 'batch_update'. No mode gives the encoder's
   parameters a gradient.
 
-  `classifier_init` is the kernel's (and bias') start: 'zeros' (MoCo's
-  code), 'glorot_uniform' (TF's Dense: the kernel U(-l, l), l = sqrt(6 /
-  (F + C)), a zero bias) or 'torch_default' (PyTorch's `nn.Linear`:
-  kernel and bias U(-1 / sqrt(F), 1 / sqrt(F)), F the features).
+  `classifier_init` is the kernel's (and bias') start: 'zeros' (SimCLR's
+  `--zero_init_logits_layer`), 'normal_0.01' (MoCo's main_lincls.py:
+  `fc.weight.normal_(mean=0, std=0.01)`, `fc.bias.zero_()`),
+  'glorot_uniform' (TF's Dense: the kernel U(-l, l), l = sqrt(6 / (F +
+  C)), a zero bias) or 'torch_default' (PyTorch's `nn.Linear`: kernel and
+  bias U(-1 / sqrt(F), 1 / sqrt(F)), F the features).
 
   Every field's default is the behaviour before the field existed; the
   dataclass checks its values when built (ValueError).
@@ -114,7 +125,7 @@ class LinearEvalConfig:
   weight_decay: float = 0.0         # coupled L2 (PyTorch weight_decay)
   schedule: str = 'constant'        # 'constant', 'cosine', 'step' or
                                     # 'exponential'
-  lr_update: str = 'every_step'     # or 'after_epoch' (see above)
+  lr_update: str = 'every_step'     # 'epoch_start' or 'after_epoch'
   milestones: tuple[int, ...] = ()  # epochs at which 'step' decays
   lr_decay: float = 0.1             # 'step': x per milestone; 'exponential':
                                     # x per epochs_per_decay
@@ -123,8 +134,8 @@ class LinearEvalConfig:
   warmup_epochs: float = 0.0        # 'exponential' only: linear from 0
   label_smoothing: float = 0.0      # targets (1 - a) one_hot + a / C
   normalize_features: bool = False  # L2-normalise the features first
-  classifier_init: str = 'zeros'    # 'zeros', 'glorot_uniform' or
-                                    # 'torch_default'
+  classifier_init: str = 'zeros'    # 'zeros', 'normal_0.01',
+                                    # 'glorot_uniform' or 'torch_default'
   encoder_bn: str = 'running'       # training steps: 'running', 'batch' or
                                     # 'batch_update'
   view: augment.ViewConfig = augment.ViewConfig(crop_scale=(0.08, 1.),
@@ -192,42 +203,73 @@ _TCL_VIEW = augment.ViewConfig(crop_scale=None, pad_crop=4, flip_p=0.5,
 # Each preset's source is in its comment: the paper's appendix or its
 # released evaluation script.
 PRESETS: dict[str, LinearEvalConfig] = {
-    # MoCo v1/v2 ImageNet linear classification (also CACR's and JCL's):
-    # SGD lr 30, batch 256, 100 epochs, x0.1 at 60 and 80, no weight decay;
-    # RandomResizedCrop(224) + flip.
+    # MoCo v1/v2 ImageNet linear classification, facebookresearch/moco
+    # main_lincls.py (copied unchanged in CACR's large_scale_shift_experiments
+    # and JCL's code): SGD lr 30, batch 256, 100 epochs, x0.1 at 60 and 80,
+    # no weight decay; RandomResizedCrop(224) + flip; the fc kernel drawn
+    # from N(0, 0.01^2), its bias zero ('normal_0.01'); `model.eval()` in
+    # train() (BatchNorm on its running averages); `adjust_learning_rate(
+    # optimizer, epoch)` before each epoch ('epoch_start': with the
+    # milestones whole epochs, the per-step schedule's values).
     'moco': LinearEvalConfig(optimizer='sgd', lr=30.0, epochs=100, batch_size=256,
                         momentum=0.9, schedule='step', milestones=(60, 80),
-                        lr_decay=0.1, view=_CROP_FLIP),
+                        lr_decay=0.1, classifier_init='normal_0.01',
+                        lr_update='epoch_start', view=_CROP_FLIP),
     # SimCLR (App. B.5; README linear evaluation command): SGD with Nesterov
     # momentum, lr 0.1 x B / 256 at batch 4096, cosine, 90 epochs, weight
-    # decay 1e-6, crop + flip.
+    # decay 1e-6, crop + flip. The v1 code (model.py): the head zeroed
+    # (--zero_init_logits_layer=True), the encoder run with
+    # is_training=False under --fine_tune_after_block=4 (BatchNorm on its
+    # moving averages, none updated), the cosine of the global step
+    # (model_util.py learning_rate_schedule): the defaults.
     'simclr': LinearEvalConfig(optimizer='sgd', lr=1.6, epochs=90, batch_size=4096,
                           momentum=0.9, nesterov=True, weight_decay=1e-6,
                           schedule='cosine', view=_CROP_FLIP),
     # MoCo v3's main_lincls.py: SGD (momentum 0.9, no Nesterov), lr 0.1 x B /
-    # 256 at batch 1024, cosine to 0, 90 epochs, no weight decay, crop + flip.
+    # 256 at batch 1024, cosine to 0, 90 epochs, no weight decay, crop + flip;
+    # the fc kernel N(0, 0.01^2), bias zero; `model.eval()` in train(); the
+    # cosine set before each epoch at 0.5 (1 + cos(pi epoch / 90)) x lr
+    # (`adjust_learning_rate(optimizer, init_lr, epoch, args)`).
     'moco_v3': LinearEvalConfig(optimizer='sgd', lr=0.4, epochs=90,
                                 batch_size=1024, momentum=0.9,
-                                schedule='cosine', view=_CROP_FLIP),
+                                schedule='cosine', lr_update='epoch_start',
+                                classifier_init='normal_0.01',
+                                view=_CROP_FLIP),
     # SupContrast's main_linear.py with its README command (--batch_size 512
     # --learning_rate 5): SGD momentum 0.9, no weight decay, 100 epochs, lr x
     # 0.2 after epochs 60, 75 and 90; RandomResizedCrop(32, scale 0.2-1) +
-    # flip.
+    # flip; the classifier networks/resnet_big.py LinearClassifier's
+    # nn.Linear at PyTorch's init ('torch_default'); `model.eval()` in
+    # train(); util.py `adjust_learning_rate` before each epoch, no warmup
+    # (--warm unset) ('epoch_start', the per-step values here).
     'supcon': LinearEvalConfig(optimizer='sgd', lr=5.0, epochs=100,
                                batch_size=512, momentum=0.9, schedule='step',
                                milestones=(60, 75, 90), lr_decay=0.2,
+                               classifier_init='torch_default',
+                               lr_update='epoch_start',
                                view=augment.ViewConfig(crop_scale=(0.2, 1.),
                                                        flip_p=0.5)),
-    # The CIFAR configs (configs/papers): solo-learn's linear evaluation of
-    # its CIFAR models, SGD lr 0.1, batch 256, 100 epochs, cosine, no weight
-    # decay, RandomResizedCrop(32, 0.08-1) + flip.
+    # The CIFAR configs (configs/papers) whose references report no linear
+    # evaluation (lightly's kNN benchmark, lemniscate's kNN, solo-learn's
+    # online classifier): this project's probe, SGD lr 0.1, batch 256, 100
+    # epochs, cosine per step, no weight decay, RandomResizedCrop(32,
+    # 0.08-1) + flip, a zero classifier, BatchNorm on running averages.
+    # (solo-learn has no CIFAR linear script; its offline LinearModel,
+    # solo/methods/linear.py, starts its nn.Linear at PyTorch's init and
+    # runs `backbone.eval()` in each training step.)
     'cifar': LinearEvalConfig(optimizer='sgd', lr=0.1, epochs=100, batch_size=256,
                          momentum=0.9, schedule='cosine', view=_CROP_FLIP),
-    # CACR's small-scale code: Adam(0.5, 0.999), lr 1e-3, batch 128, 100
-    # epochs, x0.2 at 60 and 80; RandomResizedCrop(scale 0.2-1) + flip.
+    # CACR's small-scale code (JegZheng/CACR-SSL small_scale_experiments/
+    # cifar10/linear_eval.py, cifar100's the same): Adam(0.5, 0.999), lr
+    # 1e-3, batch 128, 100 epochs, x0.2 at 60 and 80; RandomResizedCrop(
+    # scale 0.2-1) + flip; `classifier = nn.Linear(...)` at PyTorch's init
+    # ('torch_default'); `encoder.eval()` once, never back to train mode;
+    # MultiStepLR stepped after each epoch ('epoch_start', the per-step
+    # values here).
     'cacr_small': LinearEvalConfig(
         optimizer='adam', lr=1e-3, epochs=100, batch_size=128, adam_b1=0.5,
         adam_b2=0.999, schedule='step', milestones=(60, 80), lr_decay=0.2,
+        classifier_init='torch_default', lr_update='epoch_start',
         view=augment.ViewConfig(crop_scale=(0.2, 1.), flip_p=0.5)),
     # TCL's linear stage, the authors' train.py (chaitanyaanimesh/
     # Tuned-Contrastive-Learning; `train_cross_entropy` after
@@ -260,7 +302,9 @@ PRESETS: dict[str, LinearEvalConfig] = {
         lr_update='after_epoch', classifier_init='torch_default',
         encoder_bn='batch_update', view=_TCL_VIEW),
     # MACL: SGD lr 0.02, momentum 0.9, wd 0, 100 epochs; batch, schedule and
-    # augmentation unstated (notes: 256, constant; CACR's crop 0.2-1 + flip).
+    # augmentation unstated (notes: 256, constant; CACR's crop 0.2-1 + flip);
+    # no code released, so the classifier's init, the encoder's BatchNorm
+    # mode and the lr's timing are unknown: the defaults.
     'macl': LinearEvalConfig(optimizer='sgd', lr=0.02, epochs=100, batch_size=256,
                         momentum=0.9, schedule='constant',
                         view=augment.ViewConfig(crop_scale=(0.2, 1.),
@@ -339,12 +383,17 @@ def _exponential(cfg: LinearEvalConfig,
 
 def learning_rate(cfg: LinearEvalConfig, steps_per_epoch: int) -> optax.Schedule:
   """Step -> learning rate of `cfg` ('step' milestones are in epochs), moved
-  every step or, with lr_update='after_epoch', held for each epoch at the
-  per-step schedule's value at the previous epoch's first step (epoch 0 at
-  step 0's)."""
+  every step or held for each epoch: with lr_update='epoch_start' at the
+  per-step schedule's value at the epoch's first step, with 'after_epoch'
+  at its value at the previous epoch's first step (epoch 0 at step 0's)."""
   schedule = _per_step_schedule(cfg, steps_per_epoch)
   if cfg.lr_update == 'every_step':
     return schedule
+  if cfg.lr_update == 'epoch_start':
+    def epoch_start(step):
+      epoch = jnp.asarray(step) // steps_per_epoch
+      return schedule(epoch * steps_per_epoch)
+    return epoch_start
   if cfg.lr_update == 'after_epoch':
     def after_epoch(step):
       epoch = jnp.asarray(step) // steps_per_epoch
@@ -453,15 +502,18 @@ _INIT_STREAM = 2**31 - 1
 def init_classifier(cfg: LinearEvalConfig, seed: int, feature_dim: int,
                     num_classes: int) -> dict[str, jax.Array]:
   """{'w': [F, C], 'b': [C]}, what `linear_evaluation(seed=seed)` starts
-  from: the bias zero, the kernel zero (MoCo's code) or Glorot-uniform,
-  U(-l, l) with l = sqrt(6 / (F + C)) (TF's and Keras' glorot_uniform, the
-  SupCon TF code's Dense); or 'torch_default', PyTorch's nn.Linear(F, C):
-  kernel (kaiming_uniform with a = sqrt(5)) and bias both U(-1 / sqrt(F),
-  1 / sqrt(F))."""
+  from: the bias zero, the kernel zero (SimCLR's --zero_init_logits_layer),
+  N(0, 0.01^2) ('normal_0.01', MoCo's main_lincls.py `normal_(mean=0.0,
+  std=0.01)`) or Glorot-uniform, U(-l, l) with l = sqrt(6 / (F + C)) (TF's
+  and Keras' glorot_uniform, the SupCon TF code's Dense); or
+  'torch_default', PyTorch's nn.Linear(F, C): kernel (kaiming_uniform with
+  a = sqrt(5)) and bias both U(-1 / sqrt(F), 1 / sqrt(F))."""
   key = jax.random.fold_in(jax.random.key(seed), _INIT_STREAM)
   b = jnp.zeros((num_classes,), jnp.float32)
   if cfg.classifier_init == 'zeros':
     w = jnp.zeros((feature_dim, num_classes), jnp.float32)
+  elif cfg.classifier_init == 'normal_0.01':
+    w = 0.01 * jax.random.normal(key, (feature_dim, num_classes), jnp.float32)
   elif cfg.classifier_init == 'glorot_uniform':
     w = jax.nn.initializers.glorot_uniform()(
         key, (feature_dim, num_classes), jnp.float32)
@@ -587,7 +639,7 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
       lambda x: model.apply(variables, x, train=False)['features'],
       jax.ShapeDtypeStruct((1,) + tuple(train_source.image_shape),
                            jnp.float32)).shape[-1]
-  # `cfg.classifier_init` (zeros: the MoCo code's); replicated on the mesh.
+  # `cfg.classifier_init`; replicated on the mesh.
   replicated = NamedSharding(mesh, P())
   params = jax.device_put(
       init_classifier(cfg, seed, feature_dim, num_classes), replicated)
