@@ -574,6 +574,11 @@ class Bottleneck(nn.Module):
     return nn.relu(x + y)
 
 
+# The ResNet stems: (kernel size, stride, standard padding) of the conv;
+# 'imagenet' is followed by a 3x3/2 max-pool.
+STEMS = {'imagenet': (7, 2, 3), 'cifar': (3, 1, 1)}
+
+
 class ResNet(nn.Module):
   """ResNet backbone without the classifier: [B, H, W, C] -> [B, F].
 
@@ -595,6 +600,13 @@ class ResNet(nn.Module):
       SupContrast, lightly, solo-learn.
     conv_init: every conv kernel's initialisation, a CONV_INITS name
       (torchvision's 'kaiming_normal_fan_out' by default).
+    stem_conv_init: the stem conv's initialisation where it differs from
+      `conv_init` ('' = conv_init): HCL's and solo-learn's CIFAR ResNets
+      replace torchvision's conv1 by a fresh nn.Conv2d, which keeps torch's
+      default ('torch_default') while every other conv is kaiming.
+    stem_padding: the stem conv's zero padding per side; 0 = the standard
+      (3 for 'imagenet', 1 for 'cifar'). solo-learn's CIFAR conv1 pads 2,
+      so its first maps are 34 x 34 rather than 32 x 32.
     dtype: compute dtype; parameters and BN statistics stay float32.
     bn_splits: > 0: every BatchNorm normalises that many groups of its batch
       separately in training (SplitBatchNorm; config.model.bn_splits).
@@ -605,24 +617,26 @@ class ResNet(nn.Module):
   stem: str = 'imagenet'
   zero_init_residual: bool = False
   conv_init: str = 'kaiming_normal_fan_out'
+  stem_conv_init: str = ''
+  stem_padding: int = 0
   dtype: Any = jnp.float32
   bn_splits: int = 0
 
   @nn.compact
   def __call__(self, x, *, train: bool):
     x = x.astype(self.dtype)
-    kernel_init = conv_kernel_init(self.conv_init)
-    if self.stem == 'imagenet':
-      x = nn.Conv(self.width, (7, 7), (2, 2), padding=((3, 3), (3, 3)),
-                  use_bias=False, dtype=self.dtype, kernel_init=kernel_init,
-                  name='conv_stem')(x)
-    elif self.stem == 'cifar':
-      x = nn.Conv(self.width, (3, 3), (1, 1), padding=((1, 1), (1, 1)),
-                  use_bias=False, dtype=self.dtype, kernel_init=kernel_init,
-                  name='conv_stem')(x)
-    else:
-      raise ValueError(f"stem must be 'imagenet' or 'cifar'; got "
+    stem_init = conv_kernel_init(self.stem_conv_init or self.conv_init)
+    if self.stem not in STEMS:
+      raise ValueError(f'stem must be one of {", ".join(STEMS)}; got '
                        f'{self.stem!r}.')
+    if self.stem_padding < 0:
+      raise ValueError(f'stem_padding={self.stem_padding} must be >= 0 (0: '
+                       "the stem's standard padding).")
+    size, stride, standard = STEMS[self.stem]
+    pad = self.stem_padding or standard
+    x = nn.Conv(self.width, (size, size), (stride, stride),
+                padding=((pad, pad), (pad, pad)), use_bias=False,
+                dtype=self.dtype, kernel_init=stem_init, name='conv_stem')(x)
     x = batch_norm(train=train, dtype=self.dtype,
                    bn_splits=self.bn_splits)(name='bn_stem')(x)
     x = nn.relu(x)

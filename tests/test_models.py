@@ -533,6 +533,41 @@ def test_conv_init_draws_have_the_reference_variance_and_bounds(conv_init):
   assert want_max[0] < worst <= want_max[1] + 1e-6
 
 
+def test_a_fresh_cifar_stem_has_its_own_init_and_padding():
+  # HCL's / solo-learn's CIFAR conv1: a fresh nn.Conv2d(3, 64, 3, 1, pad,
+  # bias=False) at torch's default init, every other conv kaiming fan_out.
+  enc = models.ResNet18(width=16, stem='cifar',
+                        conv_init='kaiming_normal_fan_out',
+                        stem_conv_init='torch_default', stem_padding=2)
+  x = jax.random.uniform(jax.random.key(1), (2, 32, 32, 3))
+  variables = _init(enc, x.shape)
+  stem = np.asarray(variables['params']['conv_stem']['kernel'], np.float64)
+  bound = 1. / np.sqrt(3 * 3 * 3)                  # U(+-1 / sqrt(fan_in))
+  assert stem.shape == (3, 3, 3, 16) and np.abs(stem).max() <= bound
+  assert np.abs(stem).max() > 0.9 * bound
+  block = np.asarray(variables['params']['stage1_block0']['conv1']['kernel'])
+  assert np.abs(block).max() > 1.5 * np.sqrt(2. / (3 * 3 * 16))  # normal
+  # The stem's output is the conv with padding 2: 34 x 34 maps, equal to
+  # lax's convolution of the same kernel.
+  _, state = enc.apply(variables, x, train=False,
+                       capture_intermediates=True, mutable=['intermediates'])
+  out = state['intermediates']['conv_stem']['__call__'][0]
+  want = jax.lax.conv_general_dilated(
+      x, jnp.asarray(stem, jnp.float32), (1, 1), ((2, 2), (2, 2)),
+      dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+  assert out.shape == (2, 34, 34, 16)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+  # The default keeps the stem's standard padding and the shared init.
+  plain = models.ResNet18(width=16, stem='cifar')
+  _, state = plain.apply(_init(plain, x.shape), x, train=False,
+                         capture_intermediates=True, mutable=['intermediates'])
+  assert state['intermediates']['conv_stem']['__call__'][0].shape == (
+      2, 32, 32, 16)
+  with pytest.raises(ValueError, match='stem_padding=-1'):
+    _init(models.ResNet18(width=4, stem='cifar', stem_padding=-1),
+          (1, 8, 8, 3))
+
+
 def test_unknown_conv_init_is_an_error_naming_the_choices():
   enc = models.ResNet18(width=4, stem='cifar', conv_init='xavier')
   with pytest.raises(ValueError, match="conv_init='xavier'.*"

@@ -95,10 +95,14 @@ def hyperparameters(config) -> dict:
   opt, model, mc = config.optimizer, config.model, config.moco
   h = {
       'encoder': model.encoder,
-      'encoder.stem': model.encoder_kwargs.stem,
+      'encoder.stem': model.encoder_kwargs.stem + (
+          f', padding {model.encoder_kwargs.stem_padding}'
+          if model.encoder_kwargs.stem_padding else ''),
       'encoder.width': model.encoder_kwargs.width,
       'encoder.zero_init_residual': model.encoder_kwargs.zero_init_residual,
-      'encoder.conv_init': model.encoder_kwargs.conv_init,
+      'encoder.conv_init': model.encoder_kwargs.conv_init + (
+          f'; stem {model.encoder_kwargs.stem_conv_init}'
+          if model.encoder_kwargs.stem_conv_init else ''),
       # A constant of the code (models.BN_MOMENTUM, Flax's convention), in
       # PyTorch's: the share of a batch's statistics in the running ones.
       'encoder.bn_momentum': round(1 - models.BN_MOMENTUM, 6),

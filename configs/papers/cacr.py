@@ -49,6 +49,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.loss_kwargs = ml_collections.ConfigDict(
         {'t_pos': 1.0, 't_neg': t_neg, 'negatives': 'cross_view'})
     common.adam_small(config, epochs=400.)
+    # HCL image/model.py: a fresh CIFAR conv1 (3x3, stride 1, padding 1) in
+    # torchvision's ResNet, at torch's default init.
+    common.fresh_cifar_stem(config)
     # HCL image/main.py Adam(model.parameters(), weight_decay=1e-6).
     config.optimizer.decay_biases_and_bn = True
     # HCL image/utils.py train_transform: ColorJitter(0.4, 0.4, 0.4, 0.1)

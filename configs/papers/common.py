@@ -34,7 +34,8 @@ SCALES = ('imagenet', 'cifar10', 'cifar100')
 # (zero_init_residual=False). configs/papers/recipes.yaml rows
 # `encoder.zero_init_residual` and `encoder.conv_init` give each config's.
 TORCHVISION_INIT = {'zero_init_residual': False,
-                    'conv_init': 'kaiming_normal_fan_out'}
+                    'conv_init': 'kaiming_normal_fan_out',
+                    'stem_conv_init': '', 'stem_padding': 0}
 
 
 def scale_of(arg: str | None) -> str:
@@ -107,6 +108,16 @@ def tf_init(config):
   config.model.encoder_kwargs.zero_init_residual = True
   config.model.encoder_kwargs.conv_init = 'lecun_normal'
   config.model.head_init = 'normal_0.01'
+  return config
+
+
+def fresh_cifar_stem(config, *, padding: int = 0):
+  """The CIFAR stem of codes that replace torchvision's conv1 by a fresh
+  nn.Conv2d(3, 64, 3, stride=1, bias=False): its kernel keeps torch's
+  default init while the rest stays kaiming (HCL image/model.py, solo-learn
+  solo/methods/base.py), with solo-learn's padding 2 where given."""
+  config.model.encoder_kwargs.stem_conv_init = 'torch_default'
+  config.model.encoder_kwargs.stem_padding = padding
   return config
 
 

@@ -67,6 +67,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # solo-learn solo/methods/base.py: scheduler.warmup_start_lr 3e-5.
     config.optimizer.warmup_init_lr = 3e-5
     config.model.head_hidden_dim, config.model.head_out_dim = 4096, 256
+    # solo-learn solo/methods/base.py: a fresh CIFAR conv1,
+    # nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=2, bias=False).
+    common.fresh_cifar_stem(config, padding=2)
     config.augment.preset = 'simclr_small'
     # solo-learn scripts/pretrain/cifar/augmentations/asymmetric.yaml:
     # jitter (0.4, 0.4, 0.2, 0.1) p 0.8, solarisation 0.0 / 0.2, no blur.
