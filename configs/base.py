@@ -112,6 +112,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.head_hidden_dim = 512
   config.model.head_out_dim = 128
   config.model.head_layers = 2
+  # Per-channel standardisation of the [0, 1] images, (x - mean) / std: the
+  # model's first op (float32, before the compute-dtype cast), so training
+  # and every evaluator see it. A name of models.py INPUT_NORMS, each a
+  # reference code's transforms.Normalize statistics: 'imagenet' (torchvision
+  # / MoCo / lightly), 'cifar10' and 'cifar100' (SupContrast, HCL,
+  # lemniscate, TCL), 'cifar10_solo' and 'cifar100_solo' (solo-learn), 'half'
+  # (TCL's ImageNet-100: 0.5 / 0.25), 'symmetric' ([-1, 1]: the SupCon
+  # authors' TF code); 'none' feeds [0, 1] as is (SimCLR's TF code). The
+  # statistics' channels must be the images' (3; 'none' for greyscale).
+  config.model.input_norm = 'none'
   config.model.head_batch_norm = True       # False: MoCo v2's head (no BN).
   # > 0: every BatchNorm of the encoder normalises each view's global batch
   # in this many equal groups, each with its own statistics (SplitBatchNorm,

@@ -362,6 +362,13 @@ class ContrastiveModel(nn.Module):
   trains the representation itself, as SimCLR's head on its pooled ResNet
   output does. For a vector encoder both are the vector.
 
+  `input_mean` / `input_std` (per channel; None: none) standardise the
+  images, x -> (x - mean) / std in float32, before anything else reads them
+  (the encoder casts to the compute dtype after), so training, the kNN, the
+  probes and every evaluator, which all call this model, see the same
+  input: the reference codes' transforms.Normalize (`config.model.input_norm`,
+  INPUT_NORMS). The images' channel count must be the statistics'.
+
   `normalize_head_input` divides each row of that input [B, D] by its L2
   norm before the head (x rsqrt(max(||x||^2, 1e-12)), tf.nn.l2_normalize's
   rule): the SupCon authors' TF code (models.py ContrastiveModel with
@@ -372,8 +379,19 @@ class ContrastiveModel(nn.Module):
   head: nn.Module
   head_input: str = 'pooled'
   normalize_head_input: bool = False
+  input_mean: tuple[float, ...] | None = None
+  input_std: tuple[float, ...] | None = None
 
   def __call__(self, x, *, train: bool):
+    if self.input_mean is not None:
+      if x.shape[-1] != len(self.input_mean):
+        raise ValueError(
+            f'config.model.input_norm has {len(self.input_mean)} channels '
+            f'(mean {self.input_mean}); the images have {x.shape[-1]} '
+            f'(shape {x.shape}): pick statistics of the dataset\'s channels, '
+            "or 'none'.")
+      x = ((x.astype(jnp.float32) - jnp.asarray(self.input_mean, jnp.float32))
+           / jnp.asarray(self.input_std, jnp.float32))
     h = self.encoder(x, train=train)
     if h.ndim == 4:
       features = h.reshape(h.shape[0], -1)
@@ -417,6 +435,33 @@ class WithPredictor(nn.Module):
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 # What the projection head reads from a spatial map (ContrastiveModel).
 HEAD_INPUTS = ('pooled', 'features')
+# `config.model.input_norm`: name -> (per-channel mean, std) that the model
+# applies to its [0, 1] images first, (x - mean) / std (ContrastiveModel), as
+# the reference codes' transforms.Normalize after ToTensor; 'none' feeds
+# [0, 1] as SimCLR's TF code does.
+INPUT_NORMS: dict[str, tuple[tuple[float, ...], tuple[float, ...]] | None] = {
+    'none': None,
+    # torchvision's ImageNet statistics: facebookresearch/moco and moco-v3
+    # main_moco.py, lemniscate main.py, lightly/transforms/utils.py
+    # IMAGENET_NORMALIZE (lightly's CIFAR-10 benchmark uses it too).
+    'imagenet': ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    # CIFAR-10's, the std as the widespread kuangliu values: HobbitLong/
+    # SupContrast main_supcon.py, lemniscate cifar.py, joshr17/HCL image/
+    # utils.py, CACR-SSL small_scale_experiments/cifar10/main_ours.py, TCL
+    # train.py.
+    'cifar10': ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
+    # CIFAR-100's: SupContrast main_supcon.py, CACR-SSL small_scale_
+    # experiments/cifar100/main_ours.py, TCL train.py.
+    'cifar100': ((0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)),
+    # solo-learn's (solo/data/pretrain_dataloader.py MEANS_N_STD).
+    'cifar10_solo': ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    'cifar100_solo': ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    # TCL train.py's ImageNet-100 (mean 0.5, std 0.25).
+    'half': ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
+    # [-1, 1], x / 127.5 - 1: the SupCon authors' TF preprocessing.py
+    # _convert_image_dtype (their ImageNet input sets no whitening).
+    'symmetric': ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+}
 
 
 def compute_dtype(config):
@@ -427,6 +472,18 @@ def compute_dtype(config):
                      f'{", ".join(DTYPES)} (bfloat16: mixed precision, '
                      'float32 parameters).')
   return DTYPES[name]
+
+
+def input_norm(config):
+  """(mean, std) of `config.model.input_norm`, or None for 'none';
+  ValueError naming the known ones."""
+  name = config.model.input_norm
+  if name not in INPUT_NORMS:
+    raise ValueError(f'config.model.input_norm={name!r}; known: '
+                     f'{", ".join(INPUT_NORMS)} (the per-channel mean / std '
+                     'the model subtracts / divides by first; models.py '
+                     'INPUT_NORMS).')
+  return INPUT_NORMS[name]
 
 
 def create_model(config) -> ContrastiveModel:
@@ -448,6 +505,7 @@ def create_model(config) -> ContrastiveModel:
                      'flattened map that evaluation reads).')
   dtype = compute_dtype(config)
   head_dense_inits(config.model.head_init, 1)   # An unknown name fails here.
+  norm = input_norm(config)
   # BatchNorm over groups of the batch (SplitBatchNorm) only when asked, so
   # that an encoder added without the field still builds.
   splits = config.model.bn_splits
@@ -463,7 +521,9 @@ def create_model(config) -> ContrastiveModel:
                         dense_init=config.model.head_init, dtype=dtype)
   return ContrastiveModel(
       encoder=encoder, head=head, head_input=head_input,
-      normalize_head_input=config.model.normalize_head_input)
+      normalize_head_input=config.model.normalize_head_input,
+      input_mean=None if norm is None else norm[0],
+      input_std=None if norm is None else norm[1])
 
 
 # ---------------------------------------------------------------------------

@@ -102,3 +102,35 @@ def test_a_second_evaluation_of_the_same_shapes_builds_no_program():
       or first['raw_pixels/knn_weighted_top1@5'] != second[
           'raw_pixels/knn_weighted_top1@5']   # other data, really scored
   assert emb['raw_pixels'][0].shape == (8, 16)
+
+
+def test_features_read_the_normalised_images():
+  """The evaluators' feature function feeds the model its uint8 images as
+  [0, 1] floats and the model normalises them first
+  (`config.model.input_norm`): the features equal the model without the
+  normalisation on numpy (image / 255 - mean) / std, same parameters."""
+  import jax.numpy as jnp
+  import ml_collections
+  from configs import base as base_config
+  from contrastive_jax import models
+
+  def model_of(input_norm):
+    config = base_config.get_config()
+    config.model.encoder = 'resnet18'
+    config.model.encoder_kwargs = ml_collections.ConfigDict({'width': 4})
+    config.model.input_norm = input_norm
+    return models.create_model(config)
+
+  mesh = runtime.create_mesh()
+  images = np.random.default_rng(0).integers(0, 256, (8, 8, 8, 3),
+                                             dtype=np.uint8)
+  normed, plain = model_of('cifar100'), model_of('none')
+  variables = normed.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3)),
+                          train=False)
+  got = features.make_feature_fn(normed, mesh)(variables, images)
+  x = ((images.astype(np.float32) / 255.
+        - np.array([0.5071, 0.4867, 0.4408], np.float32))
+       / np.array([0.2675, 0.2565, 0.2761], np.float32))
+  want = plain.apply(variables, x, train=False)['features']
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5,
+                             atol=1e-5)

@@ -653,3 +653,110 @@ def test_unknown_head_init_is_an_error_naming_the_choices():
   with pytest.raises(ValueError, match="head_init='he'.*lecun_normal, "
                      'torch_default, normal_0.01, glorot_uniform'):
     models.create_model(config)
+
+
+# The reference codes' transforms.Normalize statistics, typed here from the
+# sources (configs/papers/recipes.yaml rows `model.input_norm`), not read
+# from models.INPUT_NORMS.
+REFERENCE_NORMS = {
+    'imagenet': ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+    'cifar10': ([0.4914, 0.4822, 0.4465], [0.2023, 0.1994, 0.2010]),
+    'cifar100': ([0.5071, 0.4867, 0.4408], [0.2675, 0.2565, 0.2761]),
+    'cifar10_solo': ([0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]),
+    'cifar100_solo': ([0.5071, 0.4865, 0.4409], [0.2673, 0.2564, 0.2762]),
+    'half': ([0.5, 0.5, 0.5], [0.25, 0.25, 0.25]),
+    'symmetric': ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5]),
+}
+
+
+def _norm_config(input_norm, dtype='float32'):
+  return _model_config(**{
+      'encoder': 'resnet18', 'encoder_kwargs': TINY['resnet18'],
+      'head_hidden_dim': 8, 'head_out_dim': 5, 'input_norm': input_norm,
+      'dtype': dtype})
+
+
+def _np_normalised(x, name):
+  mean, std = (np.asarray(v, np.float32) for v in REFERENCE_NORMS[name])
+  return (np.asarray(x, np.float32) - mean) / std
+
+
+def test_input_norms_are_the_reference_statistics():
+  assert set(models.INPUT_NORMS) == set(REFERENCE_NORMS) | {'none'}
+  assert models.INPUT_NORMS['none'] is None
+  for name, (mean, std) in REFERENCE_NORMS.items():
+    assert models.INPUT_NORMS[name] == (tuple(mean), tuple(std)), name
+
+
+@pytest.mark.parametrize('name', sorted(REFERENCE_NORMS))
+@pytest.mark.parametrize('train', [False, True])
+def test_input_norm_is_the_model_on_numpy_normalised_images(name, train):
+  x = np.random.default_rng(0).uniform(size=(4, 8, 8, 3)).astype(np.float32)
+  normed = models.create_model(_norm_config(name))
+  plain = models.create_model(_norm_config('none'))
+  variables = _init(normed, x.shape)   # No parameters of its own: the same
+  assert (jax.tree.structure(variables)                      # tree.
+          == jax.tree.structure(_init(plain, x.shape)))
+  run = lambda m, v: m.apply(variables, v, train=train,
+                             mutable=['batch_stats'] if train else False)
+  got, want = run(normed, x), run(plain, _np_normalised(x, name))
+  # Outputs and (in training) the updated BatchNorm statistics. Training
+  # BN over a batch of 4 amplifies the inputs' last-ulp differences (XLA may
+  # divide by multiplying with 1 / std) through the layers: a relative
+  # error bound on each array there.
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    if train:
+      assert np.linalg.norm(g - w) <= 1e-4 * np.linalg.norm(w)
+    else:
+      np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+  # And it changes the output: the normalisation is not a no-op.
+  assert not np.allclose(got[0]['features'] if train else got['features'],
+                         (run(plain, x)[0] if train else run(plain, x))[
+                             'features'], atol=1e-3)
+
+
+def test_input_norm_runs_in_float32_before_the_bfloat16_cast():
+  # The bf16 model on [0, 1] images equals the bf16 model without the
+  # normalisation fed the float32 numpy-normalised images, bit for bit: the
+  # subtraction and division are float32, the encoder's cast comes after.
+  x = np.random.default_rng(1).uniform(size=(2, 8, 8, 3)).astype(np.float32)
+  normed = models.create_model(_norm_config('imagenet', 'bfloat16'))
+  plain = models.create_model(_norm_config('none', 'bfloat16'))
+  variables = _init(normed, x.shape)
+  got = normed.apply(variables, x, train=False)
+  want = plain.apply(variables, _np_normalised(x, 'imagenet'), train=False)
+  np.testing.assert_allclose(got['features'], want['features'],
+                             rtol=1e-6, atol=1e-6)
+  assert got['features'].dtype == jnp.float32
+
+
+def test_input_norm_reaches_the_predictor_wrapped_model():
+  # step.create_model wraps the model (MoCo v3's predictor): the wrapped
+  # model normalises too.
+  config = _norm_config('cifar10')
+  config.method = 'moco'
+  config.moco.predictor_hidden_dim = 8
+  x = np.random.default_rng(2).uniform(size=(2, 8, 8, 3)).astype(np.float32)
+  model = step_lib.create_model(config)
+  variables = _init(model, x.shape)
+  config.model.input_norm = 'none'
+  plain = step_lib.create_model(config)
+  got = model.apply(variables, x, train=False)
+  want = plain.apply(variables, _np_normalised(x, 'cifar10'), train=False)
+  np.testing.assert_allclose(got['prediction'], want['prediction'],
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_input_norm_is_an_error_naming_the_choices():
+  with pytest.raises(ValueError,
+                     match="input_norm='cifar'; known: none, imagenet, "
+                           'cifar10, cifar100'):
+    models.create_model(_norm_config('cifar'))
+
+
+def test_input_norm_channels_must_be_the_images():
+  model = models.create_model(_norm_config('imagenet'))
+  with pytest.raises(ValueError, match='input_norm has 3 channels.*have 1'):
+    _init(model, (2, 8, 8, 1))
+  # 'none' reads any channel count.
+  _init(models.create_model(_norm_config('none')), (2, 8, 8, 1))

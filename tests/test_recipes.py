@@ -130,6 +130,8 @@ def hyperparameters(config) -> dict:
       'loss.scale': config.loss_scale,
       'augment.num_views': config.augment.num_views,
       'dataset.image_size': config.dataset.image_size or 32,
+      # A name of models.INPUT_NORMS (its mean / std in the row's source).
+      'model.input_norm': model.input_norm,
       'evals.knn.ks': _plain(config.evals.knn.ks),
       'evals.knn.temperature': config.evals.knn.temperature,
       'evals.linear_eval.preset': (config.evals.linear_eval.preset

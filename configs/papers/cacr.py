@@ -58,4 +58,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # p 0.8, grayscale 0.2, blur (3 px, sigma 0.1-2) p 0.5, crop 0.08-1.
     config.augment.overrides = ({'jitter_strength': 0.5, 'blur_p': 0.5},)
     config.evals.linear_eval = common.linear_eval('cacr_small')
+    # CACR-SSL small_scale_experiments/<dataset>/main_ours.py Normalize:
+    # each dataset's own statistics.
+    config.model.input_norm = scale
   return config

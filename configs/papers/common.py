@@ -62,6 +62,11 @@ def base(scale: str) -> ml_collections.ConfigDict:
   # The PyTorch references' head: nn.Linear's default init (kernel and bias
   # U(+-1 / sqrt(fan_in))); the TF codes' is set by `tf_init`.
   config.model.head_init = 'torch_default'
+  # torchvision's ImageNet mean / std on the [0, 1] images (models.py
+  # INPUT_NORMS): MoCo v2 / v3 and lemniscate main_moco.py / main.py at
+  # ImageNet, lightly's IMAGENET_NORMALIZE on its CIFAR-10 benchmark. Configs
+  # whose reference normalises otherwise set their own.
+  config.model.input_norm = 'imagenet'
   config.eval.baselines = False       # Raw pixels of 224 px: 150k-d rows.
   config.eval.batch_size = 1024
   config.log_every_steps = 100

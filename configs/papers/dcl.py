@@ -36,6 +36,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if scale == 'imagenet':
     common.lars_simclr(config, epochs=100.)
     common.tf_init(config)  # SimCLR v1 resnet.py / model_util.py init.
+    config.model.input_norm = 'none'   # SimCLR data_util.py: [0, 1].
     config.model.head_final_bn_center = False
   else:
     common.sgd_cifar(config)

@@ -62,6 +62,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.augment.preset = 'moco_v1'
     config.augment.overrides = ({'jitter': (0.4, 0.4, 0.4, 0.4),
                                  'flip_p': 0.0},)
+    # lemniscate cifar.py Normalize: CIFAR-10's statistics, hard-coded.
+    config.model.input_norm = 'cifar10'
   config.model.head_layers = 1          # A linear 128-d embedding.
   config.model.head_out_dim = 128
   return config

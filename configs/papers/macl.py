@@ -30,12 +30,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if scale == 'imagenet':
     common.lars_simclr(config, epochs=100.)
     common.tf_init(config)  # SimCLR v1 resnet.py / model_util.py init.
+    config.model.input_norm = 'none'   # SimCLR data_util.py: [0, 1].
     # SimCLR's head: a BatchNorm with a learned scale and no offset on the
     # output (simclr model_util.py linear_layer(use_bias=False, use_bn=True)).
     config.model.head_final_bn = True
     config.model.head_final_bn_center = False
   else:
     common.adam_small(config, epochs=200.)
+    # HCL image/utils.py (the setting adam_small follows): CIFAR-10's
+    # statistics at CIFAR-10 and CIFAR-100 alike.
+    config.model.input_norm = 'cifar10'
     config.augment.preset = 'cifar_small'
     config.augment.overrides = ({'crop_scale': (0.08, 1.0)},)
     config.evals.knn.ks = (200,)

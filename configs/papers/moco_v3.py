@@ -81,4 +81,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # solo/losses/mocov3.py: CE x 2T per direction, both summed (4T).
     config.loss_scale = 4 * 0.2
     config.evals.linear_eval = common.linear_eval('cifar')
+    # solo-learn solo/data/pretrain_dataloader.py MEANS_N_STD.
+    config.model.input_norm = f'{scale}_solo'
   return config

@@ -34,6 +34,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # on each block's last BN), convs tf.variance_scaling_initializer(), head
     # random_normal(0.01).
     common.tf_init(config)
+    # simclr data_util.py preprocess_image: [0, 1], no mean / std.
+    config.model.input_norm = 'none'
     config.loss_kwargs = ml_collections.ConfigDict({'temperature': 0.1})
     # simclr model_util.py linear_layer(use_bias=False, use_bn=True): BN
     # with center=use_bias=False, a learned scale only.

@@ -45,6 +45,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # 0.07; supcon itself leaves that factor out (ImageNet: below).
   config.loss_scale = 0.1 / 0.07
   if scale == 'imagenet':
+    # supcon/preprocessing.py _convert_image_dtype: x / 127.5 - 1, and
+    # inputs.py imagenet() sets no image_mean_std whitening.
+    config.model.input_norm = 'symmetric'
     # The authors' TF code, google-research supcon/scripts/
     # supcon_imagenet_resnet50.sh with configs.sh SUPCON_FLAGS: LARS (eta
     # 1e-3, momentum 0.9) at batch 6144, lr 0.4 x B / 256, weight decay 1e-3
@@ -82,6 +85,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.evals.linear_eval = common.linear_eval('supcon_tf')
   else:
     common.sgd_cifar(config, batch_size=1024)
+    config.model.input_norm = scale   # main_supcon.py L133-139 mean / std.
     config.optimizer.base_learning_rate = 0.5 * 256 / 1024
     config.optimizer.weight_decay = 1e-4
     # SupContrast main_supcon.py L106-118 (warm forced at batch > 256):

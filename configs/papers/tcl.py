@@ -71,9 +71,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.dataset.train_crop_source = 'center_square'
     config.dataset.eval_crop_fraction = 1.0
     config.model.head_hidden_dim, config.model.head_out_dim = 2048, 128
+    # train.py ImageNet-100: Normalize((0.5,) * 3, (0.25,) * 3).
+    config.model.input_norm = 'half'
   else:
     config.batch_size = 64 if scale == 'cifar10' else 128
     config.optimizer.base_learning_rate = 0.1 * 256 / 64 if (
         scale == 'cifar10') else 0.2 * 256 / 128
     config.model.head_hidden_dim, config.model.head_out_dim = 512, 128
+    config.model.input_norm = scale   # train.py's CIFAR mean / std.
   return config
