@@ -512,18 +512,21 @@ def _geometric_matrix(op, magnitude, height, width):
   return candidates[jnp.minimum(op, _NUM_GEOMETRIC)]
 
 
-# The conventions of the port in 4uiiurz1/pytorch-auto-augment (copied by
-# the TCL code): bin b of an op is the interval [grid[b], grid[b + 1]] of an
-# 11-point grid over a signed range, and the magnitude is drawn uniformly in
-# it (no separate sign). Grids in the units of `autoaugment_magnitudes`,
-# enhance factors as offsets from 1.
+# Whose conventions AutoAugment follows (`ViewConfig.autoaugment_impl`):
+# torchvision's, the pytorch-auto-augment port's (`autoaugment_grids`) or
+# TF Model Garden's (`tf_autoaugment`).
 AUTOAUGMENT_IMPLS = ('torchvision', 'pytorch_auto_augment',
                      'tf_model_garden')
 
 
 def autoaugment_grids(height: int, width: int) -> np.ndarray:
   """[len(AUTOAUGMENT_OPS), AUTOAUGMENT_BINS + 1] bin edges of the
-  'pytorch_auto_augment' conventions (zeros for ops without a magnitude):
+  'pytorch_auto_augment' conventions, those of the port in
+  4uiiurz1/pytorch-auto-augment that the TCL code copies: bin b of an op is
+  the interval [grid[b], grid[b + 1]] of an 11-point grid over a signed
+  range, and the magnitude is drawn uniformly in it (no separate sign);
+  grids in the units of `autoaugment_magnitudes`, enhance factors as
+  offsets from 1, zeros for ops without a magnitude:
   shear -0.3 to 0.3, translation -150/331 to 150/331 of the side (in
   pixels, fractional), rotation -30 to 30 degrees, enhance factors 0.1 to
   1.9 (stored as factor - 1), posterize 4 to 8 bits (rounded after the
@@ -803,8 +806,9 @@ def autoaugment_op(image, op, magnitude, impl='torchvision', key=None):
   `op` and `magnitude` may be traced: a geometric op is a warp by its matrix
   (the identity for other ops), then a `lax.switch` picks the value op
   (pass-through for geometric ops). Under vmap a switch on a batched index
-  computes every branch: each call costs one warp plus all nine value ops
-  (equalize's 256-bin histogram per channel among them).
+  computes every branch: each call costs one warp plus every value op (nine;
+  eleven in the TF conventions), equalize's 256-bin histogram per channel
+  among them.
 
   Args:
     image: [H, W, C] float in [0, 1].
@@ -919,8 +923,9 @@ def autoaugment(rng, image, *, policy='cifar10', impl='torchvision'):
   values (PIL's uint8 ops, which torchvision and the port call, truncate
   after each op: within two levels of these, `tests/test_autoaugment.py`).
 
-  Cost: under vmap each of the two ops computes one warp and all nine value
-  ops (`autoaugment_op`), about ten times the work of one op.
+  Cost: under vmap each of the two ops computes one warp and every value op
+  (nine; eleven in the TF conventions; `autoaugment_op`), about ten times
+  the work of one op.
 
   Args:
     rng: PRNG key.

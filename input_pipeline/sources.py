@@ -244,7 +244,7 @@ def training_fit(dataset_config, views=None, seed: int = 0):
 
   `RandomCrops` of `views` (their crop_scale and crop_ratio) with
   `train_crop_source='full_image'` and views given; else the whole square,
-  `CenterSquare(1, squash)`, when the sources' own fit is another (an
+  `CenterSquare()`, when the sources' own fit is another (an
   `eval_crop_fraction` below 1); else None: the source's plain read.
   """
   dc = dataset_config
@@ -255,8 +255,8 @@ def training_fit(dataset_config, views=None, seed: int = 0):
         (tuple(float(x) for x in v.crop_scale),
          tuple(float(x) for x in v.crop_ratio)) for v in views), int(seed),
                        squash=squash)
-  if dc.eval_crop_fraction != 1:
-    return CenterSquare(1.0, squash)
+  if dc.eval_crop_fraction != 1:   # Never with a squash (its fraction is 1).
+    return CenterSquare()
   return None
 
 
@@ -304,9 +304,10 @@ def check_crop_options(dataset_config) -> None:
         'each image, but an npz split holds fixed squares '
         '(config.dataset.name=npz); use an image folder or a TFDS dataset, '
         'or store the arrays already fitted and keep the defaults.')
-  if dc.in_memory and (crop_source == 'full_image' or fraction != 1):
+  streamed = [what for what in asked if what != "resize='squash'"]
+  if dc.in_memory and streamed:
     raise ValueError(
-        f'config.dataset.{" and ".join(asked)} act where the host decodes '
+        f'config.dataset.{" and ".join(streamed)} act where the host decodes '
         'each image, but this split is held in memory as fixed squares '
         '(config.dataset.in_memory); stream it: config.dataset.in_memory='
         'False with an image folder or a TFDS dataset.')

@@ -488,7 +488,8 @@ def test_a_short_run_of_the_supcon_tf_preset_matches_numpy():
 
 
 def test_the_supcon_tf_preset_runs_with_its_own_augmentation():
-  # Crop 0.08-1, flip and AutoAugment's ImageNet policy on 3-channel images.
+  # Crop 0.08-1, flip and TF Model Garden's AutoAugment 'v0' on 3-channel
+  # images.
   rng = np.random.default_rng(2)
   images = rng.integers(0, 256, (32, 16, 16, 3)).astype(np.uint8)
   train = pipeline.ArrayDataset(images, rng.integers(0, C, 32))
@@ -791,6 +792,16 @@ def _tcl_epoch_lrs(lr, epochs):
   return out
 
 
+def _held_and_gap_to_per_step(cfg, sched, spe, epochs):
+  """(the schedule's lr at every step, its gap to the per-step schedule of
+  the same recipe) over `epochs` epochs of `spe` steps."""
+  steps = np.arange(epochs * spe)
+  per_step = np.asarray(linear_eval.learning_rate(
+      dataclasses.replace(cfg, lr_update='every_step'), spe)(steps))
+  held = np.asarray(sched(steps))
+  return held, held - per_step
+
+
 def test_the_after_epoch_cosine_is_tcls_adjust_learning_rate():
   cfg = linear_eval.PRESETS['tcl']
   assert (cfg.schedule, cfg.cosine_final, cfg.lr_update) == (
@@ -806,11 +817,7 @@ def test_the_after_epoch_cosine_is_tcls_adjust_learning_rate():
   # The per-step cosine it replaces: at most 0.0313 apart (6.3% of the
   # peak lr), at the end of epoch 25 (0-based); the last epoch at 0.0025
   # instead of falling to 0.0005.
-  steps = np.arange(50 * spe)
-  per_step = np.asarray(linear_eval.learning_rate(
-      dataclasses.replace(cfg, lr_update='every_step'), spe)(steps))
-  after = np.asarray(sched(steps))
-  gap = after - per_step
+  after, gap = _held_and_gap_to_per_step(cfg, sched, spe, 50)
   assert gap.min() >= -1e-6
   assert gap.max() == pytest.approx(0.03134, abs=2e-4)
   assert int(np.argmax(gap)) // spe == 25
@@ -922,11 +929,7 @@ def test_epoch_start_cosine_is_moco_v3s_adjust_learning_rate():
   # Against the per-step cosine it replaces: never below it, at most
   # pi / (2 x 90) of the peak above (the cosine's largest fall in one
   # epoch), the last epoch at 3.0e-4 x lr where the per-step one ends at 0.
-  steps = np.arange(90 * spe)
-  per_step = np.asarray(linear_eval.learning_rate(
-      dataclasses.replace(cfg, lr_update='every_step'), spe)(steps))
-  held = np.asarray(sched(steps))
-  gap = held - per_step
+  held, gap = _held_and_gap_to_per_step(cfg, sched, spe, 90)
   assert gap.min() >= -1e-6
   assert gap.max() == pytest.approx(0.4 * 0.5 * math.sin(math.pi / 90),
                                     rel=1e-2)
@@ -1010,3 +1013,34 @@ def test_the_tcl_preset_runs_end_to_end():
   assert 0. <= out['top1_last'] <= 1.
   stats = jax.device_get(out['variables']['batch_stats']['BatchNorm_0'])
   assert np.abs(stats['mean']).max() > 0.1      # 4 steps moved them.
+
+
+def test_the_probe_draws_its_own_crops_and_order():
+  # At an equal batch, the run's seed would hand the probe pretraining's
+  # view-0 crops at every step; the probe's seed is derived apart.
+  from input_pipeline import sources  # pylint: disable=g-import-not-at-top
+  config = config_lib.with_defaults(test_config.get_config())
+  config.dataset.update({'name': 'image_folder', 'image_size': 16,
+                         'in_memory': False,
+                         'train_crop_source': 'full_image'})
+  view = linear_eval.PRESETS['moco'].view
+  seed = linear_eval.probe_seed(config.seed)
+  assert seed != config.seed and seed == linear_eval.probe_seed(config.seed)
+  image = np.random.default_rng(0).integers(0, 256, (100, 120, 3)).astype(
+      np.uint8)
+  pre = sources.training_fit(config.dataset, (view,), config.seed).at(3)
+  probe = sources.training_fit(config.dataset, (view,), seed).at(3)
+  crops = [(pre(image, i, 16, 3), probe(image, i, 16, 3)) for i in range(8)]
+  assert not any(np.array_equal(a, b) for a, b in crops)
+  assert not np.array_equal(pipeline._permutation(config.seed, 64, 0),  # pylint: disable=protected-access
+                            pipeline._permutation(seed, 64, 0))  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize('fields,match', [
+    ({'cosine_final': 1.0}, r'cosine_final must be in \[0, 1\)'),
+    ({'schedule': 'step', 'milestones': (1,), 'cosine_final': 0.1},
+     "cosine_final applies to the 'cosine' schedule only"),
+])
+def test_cosine_final_is_checked(fields, match):
+  with pytest.raises(ValueError, match=match):
+    linear_eval.LinearEvalConfig(**fields)

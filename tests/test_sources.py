@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from ml_collections import config_dict
 from PIL import Image
 
 from configs import test as test_config
+from contrastive_jax import config_lib
 from contrastive_jax import data as data_lib
 from contrastive_jax import train
 from input_pipeline import datasets
@@ -33,6 +33,13 @@ def folder(tmp_path_factory):
   root = str(tmp_path_factory.mktemp('jpeg'))
   make_jpeg_folder(root, num_train=40, num_test=12)
   return root
+
+
+def _dataset(**fields):
+  """configs/test.py's resolved config.dataset with `fields` set."""
+  config = config_lib.with_defaults(test_config.get_config())
+  config.dataset.update(fields)
+  return config.dataset
 
 
 def _sharding():
@@ -181,8 +188,8 @@ def test_in_memory_tfds_split_is_decoded_once_and_read_back_equal():
   # arrays; the next opens read the file; a file that does not match the
   # split is decoded anew.
   split = 'test[64:192]'
-  dc = config_dict.ConfigDict(dict(name='fashion_mnist', data_dir=None,
-                                   image_size=None, in_memory=True))
+  dc = _dataset(name='fashion_mnist', data_dir=None, image_size=None,
+                in_memory=True)
   src = sources.TfdsSource('fashion_mnist', split, data_dir=None,
                            image_size=None)
   path = src.decoded_path
@@ -249,8 +256,8 @@ def test_npz_splits_read_whole_or_sliced_and_errors_name_the_fix(tmp_path):
   images = rng.integers(0, 256, (10, 5, 5), np.uint8)   # [M, H, W]: 1 channel
   labels = np.arange(10) % 3
   np.savez_compressed(tmp_path / 'train.npz', image=images, label=labels)
-  dc = config_dict.ConfigDict({'name': 'npz', 'data_dir': str(tmp_path),
-                                  'image_size': None, 'in_memory': False})
+  dc = _dataset(name='npz', data_dir=str(tmp_path), image_size=None,
+                in_memory=False)
   data = sources.open_split(dc, 'train')
   assert data.image_shape == (5, 5, 1) and data.num_classes == 3
   np.testing.assert_array_equal(data.images[..., 0], images)
@@ -411,8 +418,8 @@ def test_undecodable_files_become_black_substitutes_named_once(tmp_path,
       src, batch_size=8, sharding=_sharding())])
   np.testing.assert_array_equal(np.flatnonzero(~mask[:15]), sorted(bad_ids))
   # In memory: the same substitutes, the same ids, kept through a subset.
-  dc = config_dict.ConfigDict(dict(name='image_folder', data_dir=str(tmp_path),
-                                   image_size=8, in_memory=True))
+  dc = _dataset(name='image_folder', data_dir=str(tmp_path), image_size=8,
+                in_memory=True)
   held = sources.open_split(dc, 'train')
   np.testing.assert_array_equal(held.images, batch['image'])
   assert sorted(held.skipped) == sorted(bad_ids)

@@ -37,8 +37,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.head_final_bn_center = False
   else:
     common.adam_small(config, epochs=200.)
-    # HCL image/utils.py (the setting adam_small follows): CIFAR-10's
-    # statistics at CIFAR-10 and CIFAR-100 alike.
+    # Unstated by MACL (no training code): HCL image/utils.py's, the setting
+    # its optimizer follows (adam_small), CIFAR-10's statistics at CIFAR-10
+    # and CIFAR-100 alike; the encoder keeps torchvision's init (the table's
+    # rows mark both unverified or say why).
     config.model.input_norm = 'cifar10'
     config.augment.preset = 'cifar_small'
     config.augment.overrides = ({'crop_scale': (0.08, 1.0)},)

@@ -56,8 +56,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # 'tcl' / 'tcl_batch128'): the pretraining's crop, flip and AutoAugment,
   # the frozen encoder's BatchNorm in train mode updating its averages, the
   # classifier at PyTorch's nn.Linear init, the cosine set once per epoch;
-  # at the pretraining's images per step (train.py's linear loader is the
-  # pretraining's): 64 on CIFAR-10, 128 on CIFAR-100 and ImageNet-100.
+  # at the official pretraining's images per step (train.py's linear loader
+  # is the pretraining's): 64 on CIFAR-10, 128 on CIFAR-100 and ImageNet-100
+  # (this config pretrains ImageNet-1k at 256; the probe keeps the code's
+  # 128).
   config.evals.linear_eval = common.linear_eval(
       'tcl' if scale == 'cifar10' else 'tcl_batch128')
   config.augment.preset = 'tcl'

@@ -44,6 +44,7 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import progress
 from contrastive_jax.evaluators import base
+from contrastive_jax.losses.common import l2_normalize
 from input_pipeline import augment
 from input_pipeline import pipeline
 from input_pipeline import sources
@@ -142,15 +143,13 @@ class LinearEvalConfig:
                                                 flip_p=0.5)
 
   def __post_init__(self):
-    if self.optimizer not in OPTIMIZERS:
-      raise ValueError(f'linear evaluation optimizer must be one of '
-                       f'{OPTIMIZERS}; got {self.optimizer!r}.')
-    if self.schedule not in SCHEDULES:
-      raise ValueError(f'linear evaluation schedule must be one of '
-                       f'{SCHEDULES}; got {self.schedule!r}.')
-    if self.lr_update not in LR_UPDATES:
-      raise ValueError(f'lr_update must be one of {LR_UPDATES}; got '
-                       f'{self.lr_update!r}.')
+    for name, choices in (('optimizer', OPTIMIZERS), ('schedule', SCHEDULES),
+                          ('lr_update', LR_UPDATES),
+                          ('classifier_init', CLASSIFIER_INITS),
+                          ('encoder_bn', ENCODER_BN)):
+      if getattr(self, name) not in choices:
+        raise ValueError(f'linear evaluation {name} must be one of '
+                         f'{choices}; got {getattr(self, name)!r}.')
     if self.nesterov and self.optimizer != 'sgd':
       raise ValueError('nesterov applies to the sgd optimizer only; got '
                        f'optimizer {self.optimizer!r} with nesterov=True.')
@@ -173,6 +172,13 @@ class LinearEvalConfig:
       raise ValueError("epochs_per_decay applies to the 'exponential' "
                        f'schedule only; got schedule {self.schedule!r} with '
                        f'epochs_per_decay={self.epochs_per_decay}.')
+    if not 0. <= self.cosine_final < 1.:
+      raise ValueError('cosine_final must be in [0, 1); got '
+                       f'{self.cosine_final}.')
+    if self.cosine_final and self.schedule != 'cosine':
+      raise ValueError("cosine_final applies to the 'cosine' schedule only; "
+                       f'got schedule {self.schedule!r} with cosine_final='
+                       f'{self.cosine_final}.')
     if self.warmup_epochs < 0.:
       raise ValueError(f'warmup_epochs must be >= 0; got {self.warmup_epochs}.')
     if self.warmup_epochs and self.schedule != 'exponential':
@@ -182,23 +188,14 @@ class LinearEvalConfig:
     if not 0. <= self.label_smoothing < 1.:
       raise ValueError('label_smoothing must be in [0, 1); got '
                        f'{self.label_smoothing}.')
-    if self.classifier_init not in CLASSIFIER_INITS:
-      raise ValueError(f'classifier_init must be one of {CLASSIFIER_INITS}; '
-                       f'got {self.classifier_init!r}.')
-    if self.encoder_bn not in ENCODER_BN:
-      raise ValueError(f'encoder_bn must be one of {ENCODER_BN}; got '
-                       f'{self.encoder_bn!r}.')
 
 
 _CROP_FLIP = augment.ViewConfig(crop_scale=(0.08, 1.), flip_p=0.5)
 # TCL's training transform (train.py --augment autoaug), the same in
 # pretraining and in the linear stage: RandomCrop(padding=4), flip, then
 # AutoAugment's CIFAR-10 policy in the pytorch-auto-augment port's
-# conventions (augment.PRESETS['tcl']'s view).
-_TCL_VIEW = augment.ViewConfig(crop_scale=None, pad_crop=4, flip_p=0.5,
-                               autoaugment='cifar10',
-                               autoaugment_impl='pytorch_auto_augment',
-                               jitter_p=0.)
+# conventions.
+_TCL_VIEW = augment.PRESETS['tcl'][0]
 
 # Each preset's source is in its comment: the paper's appendix or its
 # released evaluation script.
@@ -473,8 +470,7 @@ def _frozen_features(model, variables, images, normalize: bool = False,
   # The encoder is frozen: the classifier's loss must not train it.
   features = jax.lax.stop_gradient(out['features'].astype(jnp.float32))
   if normalize:
-    features = features * jax.lax.rsqrt(jnp.maximum(
-        jnp.sum(features * features, axis=-1, keepdims=True), 1e-12))
+    features = l2_normalize(features)
   return features, updates
 
 
@@ -686,6 +682,21 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
   return out
 
 
+# Tells the probe's seed from the run's other uses of config.seed.
+_PROBE_STREAM = 0x70726f6265
+
+
+def probe_seed(seed: int) -> int:
+  """The probe's own seed, derived from the run's `config.seed`: its
+  example order, host crops, augmentation and classifier init must not
+  repeat pretraining's draws (at an equal batch, the same seed would give
+  the probe exactly pretraining's view-0 crops at every step), as the
+  reference probes draw afresh."""
+  return int(np.random.SeedSequence([int(seed), _PROBE_STREAM])
+             .generate_state(1)[0] >> 1)
+
+
+
 class LinearEval(base.Evaluator):
   """The papers' linear evaluation of the trained encoder (`linear_evaluation`).
 
@@ -729,15 +740,16 @@ class LinearEval(base.Evaluator):
   def __call__(self, rep: base.Representation, *, bar=progress.NO_BAR
                ) -> dict[str, float]:
     env = rep.env
+    seed = probe_seed(env.config.seed)
     out = linear_evaluation(
         env.model, rep.variables, env.train, env.test, env.mesh,
-        cfg=self.recipe, num_classes=env.num_classes, seed=env.config.seed,
+        cfg=self.recipe, num_classes=env.num_classes, seed=seed,
         eval_batch_size=env.config.eval.batch_size,
         num_workers=env.config.dataset.num_workers,
         # The probe's crops come from the full image where pretraining's
         # do (MoCo's main_lincls: RandomResizedCrop of the decoded image).
         fit=sources.training_fit(env.config.dataset, (self.recipe.view,),
-                                 env.config.seed),
+                                 seed),
         bar_desc=f'linear evaluation ({self.cfg.preset})')
     names = {'top1_last': 'top1', 'top5_last': 'top5'}
     return {f'linear_eval_{names.get(k, k)}': v for k, v in out.items()
