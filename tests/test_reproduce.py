@@ -702,6 +702,37 @@ def test_study_v2_analysis_matches_scipy():
   assert math.isnan(rows[('C5', 'knn')].p_holm)
 
 
+def test_study_v2_claims_with_an_arm_at_random_init_are_untestable():
+  # PROTOCOL.md Amendment 3: moco_v2 at the random-init level (its paired
+  # gain's 95% CI reaches below 0) makes C4 untestable for that metric;
+  # the test statistics are still computed and Holm's family keeps 14.
+  from scipy import stats
+  from benchmarks.study_v2 import analysis
+  rng = np.random.default_rng(1)
+  vals = {(a, ''): list(0.85 + 0.003 * rng.standard_normal(4))
+          for a in study_v2.ARMS}
+  vals[('baselines', '')] = list(0.80 + 0.002 * rng.standard_normal(4))
+  vals[('moco_v2', '')] = list(np.array(vals[('baselines', '')]) +
+                               np.array([0.004, -0.003, 0.002, -0.001]))
+  for rule in ('linear', 'exponential'):
+    for a in ('ntxent', 'cacr_k1'):
+      vals[(a, rule)] = list(0.7 + 0.01 * rng.standard_normal(4))
+  gain = 100 * (np.array(vals[('moco_v2', '')]) -
+                np.array(vals[('baselines', '')]))
+  half = stats.t.ppf(0.975, 3) * gain.std(ddof=1) / 2
+  assert gain.mean() - half < 0 < gain.mean() + half   # CI straddles 0.
+  rows = {(r.cid, r.metric): r for r in analysis.claim_rows(
+      _v2_records(vals))}
+  assert len(rows) == 14
+  for m in ('knn', 'linear'):
+    c4 = rows[('C4', m)]
+    assert c4.verdict == 'untestable here: moco_v2 not above random init'
+    assert c4.stats.n == 4 and not math.isnan(c4.p_holm)
+    # Arms 5 points above random init keep their verdicts: C1's +0 is
+    # inconclusive, not untestable.
+    assert not rows[('C1', m)].verdict.startswith('untestable')
+
+
 def test_study_v2_recipe_stage_plan_and_choice(tmp_path):
   """Amendment 1: six NT-Xent runs (3 learning rates x 2 crops) and one
   random-init run from the tag; each run's options reach the config (the

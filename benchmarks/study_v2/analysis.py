@@ -100,6 +100,21 @@ class Row:
   p_tost_holm: float
 
 
+def gain(data: dict, arm: str, metric: str) -> reproduce.Paired:
+  """`arm`'s balanced final runs minus the same seeds' random-init
+  encoder, in accuracy points."""
+  return reproduce.Paired(contrast(
+      data, ((1, (arm, '')), (-1, ('baselines', ''))), metric))
+
+
+def at_random_init(data: dict, terms, metric: str) -> list[str]:
+  """The claim's arms whose gain over random init is not shown above 0
+  (its paired 95% CI does not lie above 0; PROTOCOL.md Amendment 3)."""
+  arms = sorted({arm for _, (arm, _) in terms})
+  return [arm for arm in arms
+          if not gain(data, arm, metric).ci[0] > 0]
+
+
 def claim_rows(records: list[dict]) -> list[Row]:
   data = per_seed(records)
   keys = [(cid, claim, terms, m) for cid, claim, terms in CLAIMS
@@ -109,22 +124,24 @@ def claim_rows(records: list[dict]) -> list[Row]:
   tost = [tost_p(s.diffs) for s in st]
   tost_holm = reproduce.holm(tost)
   rows = []
-  for (cid, claim, _, m), s, ph, pt, pth in zip(keys, st, holm, tost,
-                                                tost_holm):
-    verdict = ('not run yet (fewer than 2 seeds)' if s.n < 2 else
-               reproduce.verdict(s.mean, ph))
+  for (cid, claim, terms, m), s, ph, pt, pth in zip(keys, st, holm, tost,
+                                                    tost_holm):
+    flat = at_random_init(data, terms, m) if s.n >= 2 else []
+    if s.n < 2:
+      verdict = 'not run yet (fewer than 2 seeds)'
+    elif flat:
+      verdict = ('untestable here: ' + ', '.join(flat) +
+                 ' not above random init')
+    else:
+      verdict = reproduce.verdict(s.mean, ph)
     rows.append(Row(cid, claim, m, s, ph, verdict, pt, pth))
   return rows
 
 
 def gains(records: list[dict]) -> list[tuple[str, str, reproduce.Paired]]:
   data = per_seed(records)
-  out = []
-  for arm in study.ARMS:
-    for m in METRICS:
-      out.append((arm, m, reproduce.Paired(contrast(
-          data, ((1, (arm, '')), (-1, ('baselines', ''))), m))))
-  return out
+  return [(arm, m, gain(data, arm, m)) for arm in study.ARMS
+          for m in METRICS]
 
 
 def load_all(results_dir: str) -> list[dict]:
