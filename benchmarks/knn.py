@@ -10,8 +10,10 @@ T = 0.1, cosine):
 
 * fmnist: 60k x 128 bank, 10k queries (Fashion-MNIST sized).
 * 1m:     1M x 128 bank, 1k queries.
-* flat:   60k x 2304 bank, 10k queries: the default job's representation
-          (the flattened 3x3x256 map); not run unless asked (--cases flat).
+* flat:   60k x 2304 bank, 10k queries: configs/base.py's representation
+          (the flattened 3x3x256 map, which the method configs score and
+          the default job did before it took the pooled 256-d output); not
+          run unless asked (--cases flat).
 
 Implementations: `jax` (knn_evaluate, one CPU device), `jax-shard2` and
 `jax-shard8` (bank sharded over 2 or 8 virtual CPU devices: the same 2 cores,
@@ -29,14 +31,14 @@ before the first run: the extra memory the evaluation needed, compilation and
 XLA buffers included (tracemalloc cannot see XLA's allocator). Wall-clock with
 time.perf_counter; the machine is shared, so the load average is printed too.
 
-The default job's kNN (`--cases flat --impls jax jax-shard2 jax-shard8`,
+The flattened map's kNN (`--cases flat --impls jax jax-shard2 jax-shard8`,
 2026-11-25, the study running niced beside it, load average 7-13): steady
 22.4 s on 1 device, 24.8 s on 2, 26.0 s on 8 (peak +0.9, +1.2, +2.3 GB).
 The 2 x 10k x 60k x 2304 = 2.76 TFLOP of similarities at 22.4 s are 123
 GFLOP/s, about the float32 matmul rate measured that day (162 GFLOP/s with
 nothing beside it): the kNN of each 2304-d representation is bound by its
-matmul, and the three kNNs of the default job's evaluation (the pixels' is
-0.9 TFLOP) need ~40 s at that rate, most of a one-minute budget.
+matmul, and the three kNNs of such an evaluation (the pixels' is 0.9
+TFLOP) need ~40 s at that rate, most of a one-minute budget.
 Lower precision is no way round it on this CPU (AVX2 + FMA, no AVX-512 or
 VNNI): 2048^3 products through jax.lax.dot on one device, 2026-11-25, the
 study beside it, ran at float32 130, bfloat16 90, float16 114 and int8

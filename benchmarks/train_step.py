@@ -117,9 +117,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (label, model, devices, batch instances). 'default' is the step of
-# configs/base.py, the one torch_default_step.py mirrors (its head reads the
-# pooled map; configs/default.py's recipe feeds the head the flattened map,
-# a 2304 x 512 first head layer instead of 256 x 512, at batch 64).
+# configs/base.py, the one torch_default_step.py mirrors: its head reads the
+# map's global average, the 256-d vector configs/default.py's encoder
+# returns, so the default job's step does the same work (at batch 256).
 ROWS = [
     ('default', 'default', 1, 512),
     ('default', 'default', 8, 512),

@@ -844,12 +844,14 @@ def autoaugment_op(image, op, magnitude, impl='torchvision', key=None):
   return jax.lax.switch(index, _AA_VALUE_OPS, warped, magnitude)
 
 
-def _policy_arrays(policy: str):
+def _policy_arrays(policy: str, names: tuple[str, ...] = AUTOAUGMENT_OPS):
+  """(ops [S, 2] as indices into `names`, probs [S, 2], bins or levels
+  [S, 2]; a missing bin is 0) of the policy's S sub-policies."""
   if policy not in AUTOAUGMENT_POLICIES:
     raise ValueError(f'unknown AutoAugment policy {policy!r}; known: '
                      f'{", ".join(sorted(AUTOAUGMENT_POLICIES))}.')
   table = AUTOAUGMENT_POLICIES[policy]
-  ops = np.array([[AUTOAUGMENT_OPS.index(o) for o, _, _ in sub]
+  ops = np.array([[names.index(o) for o, _, _ in sub]
                   for sub in table], np.int32)
   probs = np.array([[p for _, p, _ in sub] for sub in table], np.float32)
   bins = np.array([[b or 0 for _, _, b in sub] for sub in table], np.int32)
@@ -880,19 +882,23 @@ def autoaugment_draw(rng, policy='cifar10', impl='torchvision'):
     raise ValueError(f'unknown AutoAugment implementation {impl!r}; known: '
                      f'{", ".join(AUTOAUGMENT_IMPLS)}.')
   check_autoaugment_policy(policy, impl)
-  if impl == 'tf_model_garden':
-    return _tf_autoaugment_draw(rng, policy)
-  ops, probs, bins = (jnp.asarray(a) for a in _policy_arrays(policy))
-  signed = jnp.asarray([op in _SIGNED_OPS for op in AUTOAUGMENT_OPS])
+  tf = impl == 'tf_model_garden'
+  names, signed_names = ((TF_AUTOAUGMENT_OPS, _TF_SIGNED_OPS) if tf else
+                         (AUTOAUGMENT_OPS, _SIGNED_OPS))
+  ops, probs, bins = (jnp.asarray(a) for a in _policy_arrays(policy, names))
+  signed = jnp.asarray([op in signed_names for op in names])
   k_sub, k_apply, k_sign = jax.random.split(rng, 3)
   sub = jax.random.randint(k_sub, (), 0, ops.shape[0])
   apply = jax.random.uniform(k_apply, (2,)) < probs[sub]
   op, b = ops[sub], bins[sub]
-  if impl == 'torchvision':
+  if impl in ('torchvision', 'tf_model_garden'):
     negate = jax.random.bernoulli(k_sign, 0.5, (2,)) & signed[op]
+    # The TF arguments do not scale with the image.
+    table = ((lambda height, width: tf_autoaugment_args()) if tf else
+             autoaugment_magnitudes)
 
     def magnitudes(height, width):
-      m = jnp.asarray(autoaugment_magnitudes(height, width))[op, b]
+      m = jnp.asarray(table(height, width))[op, b]
       return jnp.where(negate, -m, m)
   else:
     u = jax.random.uniform(k_sign, (2,))
@@ -1249,34 +1255,6 @@ def tf_autoaugment_op(levels, op, arg, key):
   index = jnp.maximum(op - _NUM_GEOMETRIC + 1, 0)
   return jax.lax.switch(index, _TF_VALUE_OPS, warped,
                         jnp.asarray(arg, jnp.float32), key)
-
-
-def _tf_policy_arrays(policy: str):
-  table = AUTOAUGMENT_POLICIES[policy]
-  ops = np.array([[TF_AUTOAUGMENT_OPS.index(o) for o, _, _ in sub]
-                  for sub in table], np.int32)
-  probs = np.array([[p for _, p, _ in sub] for sub in table], np.float32)
-  levels = np.array([[level for _, _, level in sub] for sub in table],
-                    np.int32)
-  return ops, probs, levels
-
-
-def _tf_autoaugment_draw(rng, policy):
-  """`autoaugment_draw` for impl='tf_model_garden'."""
-  ops, probs, levels = (jnp.asarray(a) for a in _tf_policy_arrays(policy))
-  signed = jnp.asarray([op in _TF_SIGNED_OPS for op in TF_AUTOAUGMENT_OPS])
-  k_sub, k_apply, k_sign = jax.random.split(rng, 3)
-  sub = jax.random.randint(k_sub, (), 0, ops.shape[0])
-  apply = jax.random.uniform(k_apply, (2,)) < probs[sub]
-  op, level = ops[sub], levels[sub]
-  negate = jax.random.bernoulli(k_sign, 0.5, (2,)) & signed[op]
-
-  def magnitudes(height, width):
-    del height, width       # Its arguments do not scale with the image.
-    m = jnp.asarray(tf_autoaugment_args())[op, level]
-    return jnp.where(negate, -m, m)
-
-  return sub, op, magnitudes, apply
 
 
 # Cutout's centres: keys folded from the AutoAugment key, apart from the

@@ -60,9 +60,8 @@ print(f'{jax.device_count()} {jax.devices()[0].platform} devices; '
 #
 # * two epochs (128 steps);
 # * the projection head reads the flattened 14 x 14 x 16 map that
-#   evaluation reads (`head_input='features'`, as the default job,
-#   `configs/default.py`, does), so the loss trains the representation
-#   itself rather than only its channel averages;
+#   evaluation reads (`head_input='features'`), so the loss trains the
+#   representation itself rather than only its channel averages;
 # * a peak learning rate of 7.5e-3 (`base_learning_rate` 6e-2, scaled by
 #   batch / 256): test.py's 1e-3 base gives 1.25e-4 at batch 32, which moves
 #   a 128-step run little;

@@ -14,10 +14,12 @@ calls) run on that code. The registry reproduces all 264 values bit for bit
 on the machine that made them. A change meant to alter a number regenerates
 the file and says so in its commit.
 
-Since configs/default.py took the recipe chosen on the validation split, its
-entry is that config's (the head reading the map; made with this script at
-that commit), and 'base' carries the old 'default' entry unchanged:
-configs/base.py is the previous default.
+'base' carries the entry configs/default.py had before the default took a
+recipe chosen on a validation split (configs/base.py was the default then);
+'default' is today's configs/default.py (the pooled encoder output at tau
+0.2), made with this script when that config changed. Its losses equal
+'simclr''s to float32 rounding: tiny() replaces the optimizer and the lr, and
+the pooled encoder output is the average simclr.py's head reads.
 """
 
 import importlib

@@ -110,15 +110,25 @@ def _run(mesh, cfg=CFG, model=None, variables=None):
       cfg=cfg, num_classes=C, seed=SEED, eval_batch_size=16)
 
 
+def _assert_matches(out, w, b, *, rtol, top1=None, last_loss=None):
+  """The probe's classifier equals the numpy reference's (w, b) to rtol of
+  its largest weight; its per-epoch top-1 and last loss, where given."""
+  got = jax.device_get(out['classifier'])
+  scale = np.abs(w).max()
+  np.testing.assert_allclose(got['w'], w, atol=rtol * scale)
+  np.testing.assert_allclose(got['b'], b, atol=rtol * scale)
+  if top1 is not None:
+    assert out['top1_per_epoch'] == pytest.approx(top1)
+  if last_loss is not None:
+    assert out['train_loss_last'] == pytest.approx(last_loss, rel=rtol)
+  return scale
+
+
 def test_matches_a_numpy_sgd_loop_on_flipped_training_images():
   out = _run(runtime.create_mesh())
   w, b, top1, losses = _numpy_reference(_data(0, N), _data(1, 30), CFG)
-  got = jax.device_get(out['classifier'])
-  scale = np.abs(w).max()
-  np.testing.assert_allclose(got['w'], w, atol=1e-5 * scale)
-  np.testing.assert_allclose(got['b'], b, atol=1e-5 * scale)
-  assert out['top1_per_epoch'] == pytest.approx(top1)
-  assert out['train_loss_last'] == pytest.approx(losses[-1], rel=1e-5)
+  scale = _assert_matches(out, w, b, rtol=1e-5, top1=top1,
+                          last_loss=losses[-1])
   # The flip matters (the class cue is in the left half): without it the
   # reference reaches other weights, so a skipped augmentation would fail.
   no_flip = dataclasses.replace(
@@ -229,10 +239,7 @@ def test_a_short_run_of_the_supcon_preset_follows_its_step_schedule():
   w, b, lrs = _numpy_step_sgd(_data(0, N), _data(1, 30), cfg,
                               steps_per_epoch=N // 16, start=start)
   assert lrs == pytest.approx([0.15625, 0.03125, 0.00625, 0.00125])
-  got = jax.device_get(out['classifier'])
-  scale = np.abs(w).max()
-  np.testing.assert_allclose(got['w'], w, atol=1e-5 * scale)
-  np.testing.assert_allclose(got['b'], b, atol=1e-5 * scale)
+  scale = _assert_matches(out, w, b, rtol=1e-5)
   # A constant lr (no decay) ends elsewhere: the schedule is what was used.
   flat = dataclasses.replace(cfg, milestones=())
   w_flat, _, _ = _numpy_step_sgd(_data(0, N), _data(1, 30), flat,
@@ -398,9 +405,10 @@ def test_the_new_fields_are_checked():
            (dict(schedule='linear'), 'schedule must be one of'),
            (dict(optimizer='rmsprop', nesterov=True), 'nesterov applies'),
            (dict(schedule='exponential'), 'needs epochs_per_decay > 0'),
-           (dict(epochs_per_decay=0.5), "to the 'exponential' schedule only"),
+           (dict(epochs_per_decay=0.5),
+            "epochs_per_decay applies to the 'exponential' schedule only"),
            (dict(schedule='cosine', warmup_epochs=5.),
-            "for the 'exponential' schedule only"),
+            "warmup_epochs applies to the 'exponential' schedule only"),
            (dict(schedule='exponential', epochs_per_decay=1.,
                  warmup_epochs=-1.), 'warmup_epochs must be >= 0'),
            (dict(label_smoothing=1.0), r'label_smoothing must be in \[0, 1\)'),
@@ -597,12 +605,8 @@ def test_a_run_with_encoder_bn_matches_numpy(encoder_bn):
   w, b, top1, losses = _numpy_reference(
       _data(0, N), _data(1, 30), cfg, train_features=train,
       eval_features=lambda rows: _np_running(rows, before))
-  got = jax.device_get(out['classifier'])
-  scale = np.abs(w).max()
-  np.testing.assert_allclose(got['w'], w, atol=1e-4 * scale)
-  np.testing.assert_allclose(got['b'], b, atol=1e-4 * scale)
-  assert out['top1_per_epoch'] == pytest.approx(top1)
-  assert out['train_loss_last'] == pytest.approx(losses[-1], rel=1e-4)
+  scale = _assert_matches(out, w, b, rtol=1e-4, top1=top1,
+                          last_loss=losses[-1])
   for a, b_ in zip(jax.tree.leaves(jax.device_get(variables)),
                    jax.tree.leaves(before)):
     np.testing.assert_array_equal(a, b_)
@@ -719,12 +723,7 @@ def test_a_run_with_batch_update_matches_numpy():
   w, b, top1, losses = _numpy_reference(
       _data(0, N), _data(1, 30), cfg, train_features=state.train,
       eval_features=state.eval)
-  got = jax.device_get(out['classifier'])
-  scale = np.abs(w).max()
-  np.testing.assert_allclose(got['w'], w, atol=1e-4 * scale)
-  np.testing.assert_allclose(got['b'], b, atol=1e-4 * scale)
-  assert out['top1_per_epoch'] == pytest.approx(top1)
-  assert out['train_loss_last'] == pytest.approx(losses[-1], rel=1e-4)
+  _assert_matches(out, w, b, rtol=1e-4, top1=top1, last_loss=losses[-1])
   moved = jax.device_get(out['variables'])
   np.testing.assert_allclose(moved['batch_stats']['BatchNorm_0']['mean'],
                              state.mean, rtol=1e-4)
@@ -832,11 +831,7 @@ def test_a_run_with_the_after_epoch_lr_matches_numpy():
   out = _run(runtime.create_mesh(), cfg)
   w, b, top1, _ = _numpy_reference(_data(0, N), _data(1, 30), cfg,
                                    lr_of_epoch=lambda e: lrs[e])
-  got = jax.device_get(out['classifier'])
-  scale = np.abs(w).max()
-  np.testing.assert_allclose(got['w'], w, atol=1e-5 * scale)
-  np.testing.assert_allclose(got['b'], b, atol=1e-5 * scale)
-  assert out['top1_per_epoch'] == pytest.approx(top1)
+  scale = _assert_matches(out, w, b, rtol=1e-5, top1=top1)
   w_step, _, _, _ = _numpy_reference(_data(0, N), _data(1, 30), CFG)
   assert np.abs(w_step - w).max() > 100 * 1e-5 * scale
 
@@ -951,11 +946,7 @@ def test_a_run_from_the_normal_init_with_the_epoch_start_lr_matches_numpy():
   w, b, top1, _ = _numpy_reference(_data(0, N), _data(1, 30), cfg,
                                    lr_of_epoch=lambda e: lrs[e],
                                    start=(start['w'], start['b']))
-  got = jax.device_get(out['classifier'])
-  scale = np.abs(w).max()
-  np.testing.assert_allclose(got['w'], w, atol=1e-5 * scale)
-  np.testing.assert_allclose(got['b'], b, atol=1e-5 * scale)
-  assert out['top1_per_epoch'] == pytest.approx(top1)
+  scale = _assert_matches(out, w, b, rtol=1e-5, top1=top1)
   # Neither the per-step cosine nor the zero start reaches those weights.
   w_step, _, _, _ = _numpy_reference(_data(0, N), _data(1, 30), cfg,
                                      start=(start['w'], start['b']))

@@ -694,11 +694,26 @@ def test_study_v2_analysis_matches_scipy():
   g = {(a, m): x for a, m, x in analysis.gains(_v2_records(vals))}
   assert g[('cmc', 'knn')].diffs == pytest.approx(
       tuple(pct(('cmc', '')) - pct(('baselines', ''))))
-  # A claim without runs has no verdict and is outside Holm's family.
+  # A claim with 3 of its 4 seeds (the study still running) has no
+  # verdict and stays outside Holm's family: the complete claims' adjusted
+  # p values are Holm's over the other 12 tests.
+  vals[('cmc', '')] = vals[('cmc', '')][:3]
+  rows = {(r.cid, r.metric): r for r in analysis.claim_rows(
+      _v2_records(vals))}
+  assert rows[('C5', 'knn')].verdict == 'pending: 3 of 4 seeds'
+  assert rows[('C5', 'knn')].stats.n == 3
+  assert math.isnan(rows[('C5', 'knn')].p_holm)
+  assert math.isnan(rows[('C5', 'knn')].p_tost_holm)
+  rest = [k for k in keys if k[0] != 'C5']
+  p_rest = np.array([stats.ttest_1samp(mine[c], 0).pvalue for c, _ in rest])
+  for (c, m), hi in zip(rest, holm(p_rest)):
+    assert rows[(c, m)].p_holm == pytest.approx(hi, rel=1e-9), (c, m)
+  assert rows[('C1', 'knn')].p_holm < holm(p)[keys.index(('C1', 'knn'))]
+  # A claim without runs: the same, 'not run yet'.
   del vals[('cmc', '')]
   rows = {(r.cid, r.metric): r for r in analysis.claim_rows(
       _v2_records(vals))}
-  assert rows[('C5', 'knn')].verdict.startswith('not run yet')
+  assert rows[('C5', 'knn')].verdict == 'not run yet'
   assert math.isnan(rows[('C5', 'knn')].p_holm)
 
 
@@ -814,3 +829,133 @@ def test_study_v2_backfills_a_missing_curve_from_history(study_repo, tmp_path):
   assert rec['curve'] == [[195, 0.80], [390, 0.82]]
   assert rec['curve_backfilled_by'] == _git(study_repo, 'rev-parse', 'HEAD')
   assert study_v2.load_record(results, full)['curve'] == [[195, 0.5]]
+
+
+# PROTOCOL.md Sec. 1, written out here rather than read from analysis.py:
+# claim -> [(sign, arm, rule)], rule '' the balanced final run.
+_V2_CLAIMS = {
+    'C1': [(1, 'macl', ''), (-1, 'ntxent', '')],
+    'C2': [(1, 'macl', ''), (-1, 'dcl', '')],
+    'C3': [(1, 'cacr_k1', ''), (-1, 'ntxent', '')],
+    'C4': [(1, 'cacr_moco', ''), (-1, 'moco_v2', '')],
+    'C5': [(1, 'cmc', ''), (-1, 'ntxent', '')],
+    'C6': [(1, 'ntxent', ''), (-1, 'ntxent', 'linear'),
+           (-1, 'cacr_k1', ''), (1, 'cacr_k1', 'linear')],
+    'C7': [(1, 'ntxent', ''), (-1, 'ntxent', 'exponential'),
+           (-1, 'cacr_k1', ''), (1, 'cacr_k1', 'exponential')],
+}
+
+
+def _check_v2_report(base):
+  """Every number of `base`/REPORT.md's claims and gains, recomputed with
+  numpy/scipy from the records in `base`/results of the runs the report
+  lists as done (records finished after it do not enter)."""
+  from scipy import stats
+  with open(os.path.join(base, 'REPORT.md')) as f:
+    text = f.read()
+  runs_part = text.split('## Runs and their invocations')[1]
+  done = [l.split(' | ')[0][2:] for l in runs_part.splitlines()
+          if l.startswith('| ') and l.split(' | ')[1] == 'done']
+  acc = {}   # (arm, rule, metric) -> {seed: %}
+  for run_id in done:
+    with open(os.path.join(base, 'results', run_id + '.json')) as f:
+      rec = json.load(f)
+    assert rec['status'] == 'done' and rec['run_id'] == run_id
+    if rec['stage'] == 'final':
+      rep = 'random_init' if rec['arm'] == 'baselines' else 'trained'
+      scores, rule = rec['test'][rep], ''
+    elif rec['stage'] == 'imbalance':
+      scores, rule = rec['test_balanced']['trained'], rec['tag']
+    else:
+      continue
+    for m in ('knn', 'linear'):
+      acc.setdefault((rec['arm'], rule, m), {})[rec['seed']] = (
+          100 * scores[m])
+  n_final = sum(r.startswith('final__') for r in done)
+  n_imb = sum(r.startswith('imbalance__') for r in done)
+  assert f'Runs done: final {n_final} of 32, imbalance {n_imb} of 16' in text
+
+  def diffs(terms, m):
+    cols = [acc.get((a, rule, m), {}) for _, a, rule in terms]
+    seeds = sorted(set.intersection(*(set(c) for c in cols)))
+    return np.array([sum(s * c[k] for (s, _, _), c in zip(terms, cols))
+                     for k in seeds])
+
+  def interval(d):
+    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    return f'{d.mean():+.2f} [{d.mean() - half:+.2f}, {d.mean() + half:+.2f}]'
+
+  # Gains over the same seed's random-init encoder.
+  gain_part = text.split('## Gain over the random-init encoder')[1].split(
+      '\n## ')[0]
+  gain_rows = [l.split(' | ') for l in gain_part.splitlines()
+               if l.startswith('| ') and not l.startswith('| arm')]
+  assert len(gain_rows) == 14
+  for row in gain_rows:
+    arm, m, cell, n = row[0][2:], row[1], row[2], int(row[3].rstrip(' |'))
+    d = diffs([(1, arm, ''), (-1, 'baselines', '')], m)
+    assert n == len(d), row
+    want = ('-' if len(d) == 0 else f'{d.mean():+.2f} (n=1)' if len(d) == 1
+            else interval(d))
+    assert cell == want, row
+  # Claims: n for each; the statistics where all 4 seeds are in, Holm over
+  # those.
+  claim_part = text.split('## Claims')[1].split('\n## ')[0]
+  rows = [l.split(' | ') for l in claim_part.splitlines()
+          if re.match(r'\| C\d ', l)]
+  assert len(rows) == 14
+  complete, pvals = [], []
+  for row in rows:
+    cid, m, n = row[0][2:4], row[1], int(row[3])
+    d = diffs(_V2_CLAIMS[cid], m)
+    assert n == len(d), row
+    if n < 4:
+      assert row[2] == '-' and row[5] == '-', row
+      assert row[6] == ('not run yet' if n == 0 else
+                        f'pending: {n} of 4 seeds'), row
+    else:
+      assert row[2] == interval(d), row
+      complete.append((row, d))
+      pvals.append(stats.ttest_1samp(d, 0).pvalue)
+  order = np.argsort(pvals)
+  adjusted = np.empty(len(pvals))
+  adjusted[order] = np.minimum(1, np.maximum.accumulate(
+      np.array(pvals)[order] * (len(pvals) - np.arange(len(pvals)))))
+  for (row, d), p, ph in zip(complete, pvals, adjusted):
+    assert row[4] == reproduce._p(p) and row[5] == reproduce._p(ph), row  # pylint: disable=protected-access
+
+
+def test_study_v2_committed_report_recomputes_from_the_records():
+  _check_v2_report(os.path.join(ROOT, 'benchmarks', 'study_v2'))
+
+
+def test_study_v2_report_check_reads_a_complete_study(tmp_path):
+  # A complete synthetic study (4 seeds of every arm, the baselines and
+  # the imbalance runs): the report analysis.py writes passes the check,
+  # and one changed digit in it fails.
+  from benchmarks.study_v2 import analysis
+  rng = np.random.default_rng(3)
+  vals = {(a, ''): list(0.85 + 0.01 * rng.standard_normal(4))
+          for a in study_v2.ARMS}
+  vals[('baselines', '')] = list(0.80 + 0.002 * rng.standard_normal(4))
+  for rule in ('linear', 'exponential'):
+    for a in ('ntxent', 'cacr_k1'):
+      vals[(a, rule)] = list(0.7 + 0.01 * rng.standard_normal(4))
+  results = tmp_path / 'results'
+  results.mkdir()
+  for rec in _v2_records(vals):
+    rec['run_id'] = '__'.join(x for x in (rec['stage'], rec['arm'],
+                                          rec['tag'], f's{rec["seed"]}') if x)
+    rec['steps'], rec['invocations'] = 1170, []
+    (results / (rec['run_id'] + '.json')).write_text(json.dumps(rec))
+  report = str(tmp_path / 'REPORT.md')
+  text = analysis.write_report(str(results), report, tag_commit=None)
+  assert 'final 32 of 32, imbalance 16 of 16 (complete)' in text
+  _check_v2_report(str(tmp_path))
+  row = next(l for l in text.splitlines() if l.startswith('| C3 '))
+  cell = row.split(' | ')[2]
+  changed = cell[:-2] + str((int(cell[-2]) + 1) % 10) + cell[-1]
+  with open(report, 'w') as f:
+    f.write(text.replace(row, row.replace(cell, changed)))
+  with pytest.raises(AssertionError):
+    _check_v2_report(str(tmp_path))

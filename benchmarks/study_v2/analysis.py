@@ -6,8 +6,9 @@ writes benchmarks/study_v2/REPORT.md from the run records in
 benchmarks/study_v2/results/ (nothing else): each claim's per-seed
 contrast, paired t-test (n - 1 df), 95% CI, Holm over the family, verdict,
 the equivalence test (TOST, +-`EQUIVALENCE_MARGIN`), each arm's gain over
-the same seed's random-init encoder, the pilot's curve, and every run's
-invocations.
+the same seed's random-init encoder; before them, the stages that fixed
+the setting (the shared recipe, the budget pilots, the tuning), and after
+them every run's invocations.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ REPORT = os.path.join(study.ROOT, 'benchmarks', 'study_v2', 'REPORT.md')
 METRICS = ('knn', 'linear')
 ALPHA = 0.05
 EQUIVALENCE_MARGIN = 1.0
+# PROTOCOL.md Sec. 6: a claim is tested once all its seeds are in.
+PLANNED_SEEDS = len(study.SEEDS)
 
 # (id, claim, terms): a term is (sign, (stage, arm, rule)); rule '' is the
 # final (balanced) run, read on 'test'; a rule reads the imbalance run's
@@ -120,15 +123,20 @@ def claim_rows(records: list[dict]) -> list[Row]:
   keys = [(cid, claim, terms, m) for cid, claim, terms in CLAIMS
           for m in METRICS]
   st = [reproduce.Paired(contrast(data, terms, m)) for _, _, terms, m in keys]
-  holm = reproduce.holm([s.p for s in st])
-  tost = [tost_p(s.diffs) for s in st]
+  # Only a claim with every planned seed enters the family: an interim
+  # contrast's p value would move the adjusted p of the complete ones.
+  complete = [s.n >= PLANNED_SEEDS for s in st]
+  holm = reproduce.holm([s.p if c else math.nan for s, c in zip(st, complete)])
+  tost = [tost_p(s.diffs) if c else math.nan for s, c in zip(st, complete)]
   tost_holm = reproduce.holm(tost)
   rows = []
   for (cid, claim, terms, m), s, ph, pt, pth in zip(keys, st, holm, tost,
                                                     tost_holm):
-    flat = at_random_init(data, terms, m) if s.n >= 2 else []
-    if s.n < 2:
-      verdict = 'not run yet (fewer than 2 seeds)'
+    flat = at_random_init(data, terms, m) if s.n >= PLANNED_SEEDS else []
+    if s.n == 0:
+      verdict = 'not run yet'
+    elif s.n < PLANNED_SEEDS:
+      verdict = f'pending: {s.n} of {PLANNED_SEEDS} seeds'
     elif flat:
       verdict = ('untestable here: ' + ', '.join(flat) +
                  ' not above random init')
@@ -142,6 +150,86 @@ def gains(records: list[dict]) -> list[tuple[str, str, reproduce.Paired]]:
   data = per_seed(records)
   return [(arm, m, gain(data, arm, m)) for arm in study.ARMS
           for m in METRICS]
+
+
+def _epochs(records: list[dict], stage: str) -> int | None:
+  """The budget the balanced runs of `stage` ('tune' or 'final') ran at,
+  in epochs of the 50,000 images (a finished record's steps); None before
+  any finished."""
+  for rec in records:
+    if (rec['stage'] == stage and rec.get('status') == 'done' and
+        rec['arm'] != 'baselines'):
+      return round(rec['steps'] / (50_000 // study.BATCH))
+  return None
+
+
+def tune_table(results_dir: str, epochs: int, recipe) -> str:
+  """The tuning runs (validation split) and each arm's chosen value."""
+  try:
+    chosen = study.chosen_values(results_dir, epochs, recipe)
+  except study.StudyError:
+    chosen = {}
+  fmt = lambda x: '-' if x is None else f'{100 * x:.2f}'
+  lines = [f'Seed 0, {epochs} epochs, validation split, weighted kNN (k = '
+           '200) / linear probe, %; chosen: the highest validation kNN '
+           '(PROTOCOL.md Sec. 5).', '',
+           '| arm | value | kNN | linear | chosen |', '|---|---|---|---|---|']
+  for run in study.tune_runs(epochs, recipe):
+    rec = study.load_record(results_dir, run) or {}
+    score = ((rec.get('validation') or {}).get('trained') or {}
+             if rec.get('status') == 'done' else {})
+    value = dict(run.overrides)[study.ARMS[run.arm][2]]
+    mark = 'yes' if chosen.get(run.arm) == value else ''
+    lines.append(f'| {run.arm} | {run.tag} | {fmt(score.get("knn"))} | '
+                 f'{fmt(score.get("linear"))} | {mark} |')
+  return '\n'.join(lines) + '\n'
+
+
+def budget_text(results_dir: str, records: list[dict], recipe) -> str:
+  """What PROTOCOL.md Sec. 4 and Amendment 2 make the report say: the
+  5-point criterion, the largest gain the pilot reached, E and E_t."""
+  base_run, sim_run = study.pilot_runs(study.PILOT_EPOCHS, recipe)
+  sim = study.load_record(results_dir, sim_run) or {}
+  base = study.load_record(results_dir, base_run) or {}
+  rand = ((base.get('validation') or {}).get('random_init') or {}).get('knn')
+  curve = sim.get('curve') or []
+  e, e_t = _epochs(records, 'final'), _epochs(records, 'tune')
+  if not curve or rand is None:
+    return 'Budget: the pilot has not finished.'
+  per_epoch = 50_000 // study.BATCH
+  best_step, best = max(curve, key=lambda c: c[1])
+  hit = [step for step, acc in curve if 100 * (acc - rand) >= 5]
+  text = ('Budget: PROTOCOL.md Sec. 4 asks for the smallest epoch at which '
+          'the trained NT-Xent encoder beats the random-init encoder by at '
+          'least 5 kNN points on validation and its curve has flattened. ')
+  if hit:
+    text += (f'The pilot first gained 5 points at epoch '
+             f'{hit[0] / per_epoch:g}. ')
+  else:
+    text += ('The pilot of the chosen recipe reached it at no epoch up to '
+             f'{study.PILOT_EPOCHS}: its largest gain is '
+             f'{100 * (best - rand):+.2f} points (epoch '
+             f'{best_step / per_epoch:g}), so the criterion was not '
+             'reachable here and the budget is the largest the CPU budget '
+             'allows (Amendment 2). ')
+  text += (f'Final and imbalance runs: {e if e is not None else "-"} '
+           f'epochs; tuning: {e_t if e_t is not None else "-"} epochs.')
+  return text
+
+
+def progress(records: list[dict]) -> str:
+  """How many of the planned final and imbalance runs are done."""
+  planned = {'final': (len(study.ARMS) + 1) * PLANNED_SEEDS,
+             'imbalance': (len(study.IMBALANCED_ARMS) *
+                           len(study.IMBALANCE_RULES) * PLANNED_SEEDS)}
+  done = {stage: sum(r.get('status') == 'done' and r['stage'] == stage
+                     for r in records) for stage in planned}
+  text = ', '.join(f'{stage} {done[stage]} of {n}'
+                   for stage, n in planned.items())
+  if all(done[s] == n for s, n in planned.items()):
+    return f'Runs done: {text} (complete).'
+  return (f'Runs done: {text}. Interim: the study is still running; the '
+          'verdicts below are final only for claims whose seeds are all in.')
 
 
 def load_all(results_dir: str) -> list[dict]:
@@ -168,15 +256,39 @@ def write_report(results_dir: str, path: str, *, tag_commit: str | None
       f'records in `benchmarks/study_v2/results/` on '
       f'{time.strftime("%Y-%m-%d %H:%M")}; do not edit by hand. The '
       'protocol, fixed before the runs, is `PROTOCOL.md` beside this file.',
-      '', '## Pilot', '', study.pilot_table(results_dir), '',
-      '## Claims', '',
+      '']
+  try:
+    recipe = study.chosen_recipe(results_dir)
+  except study.StudyError:
+    recipe = None
+  lines += [budget_text(results_dir, records, recipe), '',
+            '## Shared recipe (Amendment 1)', '',
+            study.recipe_table(results_dir).rstrip(), '',
+            '## Budget pilot, chosen recipe (Sec. 4, Amendment 2)', '',
+            study.pilot_table(results_dir, recipe=recipe).rstrip(), '',
+            '## Budget pilot, the configs\' recipe (Sec. 4)', '',
+            study.pilot_table(results_dir).rstrip(), '']
+  e_t = _epochs(records, 'tune')
+  if e_t is not None:
+    lines += ['## Tuning (Sec. 5)', '',
+              tune_table(results_dir, e_t, recipe).rstrip(), '']
+  lines += [
+      '## Claims', '', progress(records), '',
       'Per-seed contrasts in accuracy points (test split), paired t-test '
-      'with n - 1 df, 95% t interval, Holm over the '
-      f'{len(CLAIMS) * len(METRICS)} tests; equivalence: TOST against '
-      f'±{EQUIVALENCE_MARGIN} point, Holm over the same number.', '',
+      'with n - 1 df, 95% t interval, Holm over the claims with all '
+      f'{PLANNED_SEEDS} seeds in ({len(CLAIMS) * len(METRICS)} tests once '
+      'every run is in); equivalence: TOST against '
+      f'±{EQUIVALENCE_MARGIN} point, Holm over the same tests. A claim '
+      'with fewer seeds shows its n and no statistics. A claim with an arm '
+      'whose paired 95% CI of gain over random init does not lie above 0 '
+      'is "untestable here" (Amendment 3).', '',
       '| claim | metric | mean [95% CI] | n | p | Holm p | verdict | '
       f'TOST Holm p (±{EQUIVALENCE_MARGIN}) |', '|---|---|---|---|---|---|---|---|']
   for r in claim_rows(records):
+    if r.stats.n < PLANNED_SEEDS:
+      lines.append(f'| {r.cid} {r.claim} | {r.metric} | - | {r.stats.n} | '
+                   f'- | - | {r.verdict} | - |')
+      continue
     eq = ('-' if math.isnan(r.p_tost_holm) else
           f'{_p(r.p_tost_holm)}' + (' (equivalent)' if r.p_tost_holm < ALPHA
                                     else ''))

@@ -54,6 +54,10 @@ ENCODER_BN = ('running', 'batch', 'batch_update')
 SCHEDULES = ('constant', 'cosine', 'step', 'exponential')
 LR_UPDATES = ('every_step', 'epoch_start', 'after_epoch')
 CLASSIFIER_INITS = ('zeros', 'normal_0.01', 'glorot_uniform', 'torch_default')
+# (field, the one schedule it shapes): set under any other, it is refused.
+SCHEDULE_ONLY = (('epochs_per_decay', 'exponential'),
+                 ('warmup_epochs', 'exponential'),
+                 ('cosine_final', 'cosine'))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,27 +168,19 @@ class LinearEvalConfig:
       raise ValueError(f'weight_decay must be >= 0; got {self.weight_decay}.')
     if not self.lr_decay > 0.:
       raise ValueError(f'lr_decay must be > 0; got {self.lr_decay}.')
-    if self.schedule == 'exponential':
-      if not self.epochs_per_decay > 0.:
-        raise ValueError("the 'exponential' schedule needs epochs_per_decay "
-                         f'> 0; got {self.epochs_per_decay}.')
-    elif self.epochs_per_decay:
-      raise ValueError("epochs_per_decay applies to the 'exponential' "
-                       f'schedule only; got schedule {self.schedule!r} with '
-                       f'epochs_per_decay={self.epochs_per_decay}.')
+    if self.schedule == 'exponential' and not self.epochs_per_decay > 0.:
+      raise ValueError("the 'exponential' schedule needs epochs_per_decay "
+                       f'> 0; got {self.epochs_per_decay}.')
     if not 0. <= self.cosine_final < 1.:
       raise ValueError('cosine_final must be in [0, 1); got '
                        f'{self.cosine_final}.')
-    if self.cosine_final and self.schedule != 'cosine':
-      raise ValueError("cosine_final applies to the 'cosine' schedule only; "
-                       f'got schedule {self.schedule!r} with cosine_final='
-                       f'{self.cosine_final}.')
     if self.warmup_epochs < 0.:
       raise ValueError(f'warmup_epochs must be >= 0; got {self.warmup_epochs}.')
-    if self.warmup_epochs and self.schedule != 'exponential':
-      raise ValueError("warmup_epochs is implemented for the 'exponential' "
-                       f'schedule only; got schedule {self.schedule!r} with '
-                       f'warmup_epochs={self.warmup_epochs}.')
+    for name, schedule in SCHEDULE_ONLY:
+      if getattr(self, name) and self.schedule != schedule:
+        raise ValueError(f'{name} applies to the {schedule!r} schedule only; '
+                         f'got schedule {self.schedule!r} with {name}='
+                         f'{getattr(self, name)}.')
     if not 0. <= self.label_smoothing < 1.:
       raise ValueError('label_smoothing must be in [0, 1); got '
                        f'{self.label_smoothing}.')

@@ -360,8 +360,9 @@ def logistic_regression(train_x, train_y, test_x, test_y, *, num_classes: int,
       L2-normalised features (unit-norm inputs need large weights).
     normalize: L2-normalise every feature row (train and test) first.
     max_iter: cap on L-BFGS iterations. Preconditioned, 50 is within 0.05
-      point of the optimum's accuracy on the default job's features (50k x
-      2304) and on Fashion-MNIST pixels, where plain L-BFGS needs ~300.
+      point of the optimum's accuracy on the flattened-map features of
+      configs/base.py (50k x 2304) and on Fashion-MNIST pixels, where
+      plain L-BFGS needs ~300.
     tol: stop once ||grad||_2 < tol (the gradient in U = P^-1 W).
     precondition: solve in U = P^-1 W (`_preconditioner`); False: plain
       L-BFGS on W (the same optimum, more iterations).
