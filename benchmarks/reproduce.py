@@ -1102,8 +1102,8 @@ def _recipe_lines(records: list[dict], runs: Sequence[Run]) -> list[str]:
                                      _acc(r, m, rep) is not None else '-')
   lines = ['', '## The default recipe, chosen on the validation split', '',
            f'configs/base.py with each row\'s overrides, {RECIPE_IMAGES:,}'
-           ' training images (the default job\'s 936 steps of 256) from the '
-           '50,000 left by the holdout, scored on the 10,000 validation '
+           ' training images (936 steps of 256, the default job of the time) '
+           'from the 50,000 left by the holdout, scored on the 10,000 validation '
            'images (%), seed 0. The test split plays no part in the choice.',
            '', '| recipe | overrides | kNN | linear | train s |',
            '|---|---|---|---|---|']

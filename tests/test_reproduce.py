@@ -695,21 +695,33 @@ def test_study_v2_analysis_matches_scipy():
   assert g[('cmc', 'knn')].diffs == pytest.approx(
       tuple(pct(('cmc', '')) - pct(('baselines', ''))))
   # A claim with 3 of its 4 seeds (the study still running) has no
-  # verdict and stays outside Holm's family: the complete claims' adjusted
-  # p values are Holm's over the other 12 tests.
+  # verdict; its two tests stay in Holm's family of 14 with p = 1, so the
+  # complete claims' adjusted p values are Holm's over that family.
   vals[('cmc', '')] = vals[('cmc', '')][:3]
   rows = {(r.cid, r.metric): r for r in analysis.claim_rows(
       _v2_records(vals))}
-  assert rows[('C5', 'knn')].verdict == 'pending: 3 of 4 seeds'
+  assert rows[('C5', 'knn')].verdict == 'pending: 3 of 4 seeds complete'
   assert rows[('C5', 'knn')].stats.n == 3
   assert math.isnan(rows[('C5', 'knn')].p_holm)
   assert math.isnan(rows[('C5', 'knn')].p_tost_holm)
-  rest = [k for k in keys if k[0] != 'C5']
-  p_rest = np.array([stats.ttest_1samp(mine[c], 0).pvalue for c, _ in rest])
-  for (c, m), hi in zip(rest, holm(p_rest)):
-    assert rows[(c, m)].p_holm == pytest.approx(hi, rel=1e-9), (c, m)
-  assert rows[('C1', 'knn')].p_holm < holm(p)[keys.index(('C1', 'knn'))]
-  # A claim without runs: the same, 'not run yet'.
+  p_one = np.where([c == 'C5' for c, _ in keys], 1., p)
+  tost_one = np.where([c == 'C5' for c, _ in keys], 1., tost)
+  for (c, m), hi, thi in zip(keys, holm(p_one), holm(tost_one)):
+    if c != 'C5':
+      assert rows[(c, m)].p_holm == pytest.approx(hi, rel=1e-9), (c, m)
+      assert rows[(c, m)].p_tost_holm == pytest.approx(thi, rel=1e-9)
+  # p = 1 in place of the pending tests only raises the others' adjusted p.
+  assert rows[('C1', 'knn')].p_holm >= holm(p)[keys.index(('C1', 'knn'))]
+  assert rows[('C1', 'knn')].verdict == 'supported'
+  # Every arm's 4 seeds but seed 3's random-init run: Amendment 3 needs each
+  # arm's gain, so every claim waits for it.
+  vals[('cmc', '')] = list(0.85 + 0.01 * rng.standard_normal(4))
+  short = [r for r in _v2_records(vals)
+           if not (r['arm'] == 'baselines' and r['seed'] == 3)]
+  rows = {(r.cid, r.metric): r for r in analysis.claim_rows(short)}
+  assert all(r.verdict == 'pending: 3 of 4 seeds complete' and
+             r.stats.n == 4 for r in rows.values())
+  # A claim without runs: 'not run yet'.
   del vals[('cmc', '')]
   rows = {(r.cid, r.metric): r for r in analysis.claim_rows(
       _v2_records(vals))}
@@ -847,9 +859,10 @@ _V2_CLAIMS = {
 
 
 def _check_v2_report(base):
-  """Every number of `base`/REPORT.md's claims and gains, recomputed with
-  numpy/scipy from the records in `base`/results of the runs the report
-  lists as done (records finished after it do not enter)."""
+  """Every number and verdict of `base`/REPORT.md's claims and gains,
+  recomputed with numpy/scipy from the records in `base`/results of the
+  runs the report lists as done (records finished after it do not enter),
+  by PROTOCOL.md Sec. 7 and Amendment 3 as written there."""
   from scipy import stats
   with open(os.path.join(base, 'REPORT.md')) as f:
     text = f.read()
@@ -869,8 +882,9 @@ def _check_v2_report(base):
     else:
       continue
     for m in ('knn', 'linear'):
-      acc.setdefault((rec['arm'], rule, m), {})[rec['seed']] = (
-          100 * scores[m])
+      if scores.get(m) is not None:
+        acc.setdefault((rec['arm'], rule, m), {})[rec['seed']] = (
+            100 * scores[m])
   n_final = sum(r.startswith('final__') for r in done)
   n_imb = sum(r.startswith('imbalance__') for r in done)
   assert f'Runs done: final {n_final} of 32, imbalance {n_imb} of 16' in text
@@ -881,9 +895,18 @@ def _check_v2_report(base):
     return np.array([sum(s * c[k] for (s, _, _), c in zip(terms, cols))
                      for k in seeds])
 
-  def interval(d):
+  def ci(d):
+    # The mean summed in seed order, as the report's; the half-width from
+    # scipy's t quantile.
+    mean = sum(d) / len(d)
     half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
-    return f'{d.mean():+.2f} [{d.mean() - half:+.2f}, {d.mean() + half:+.2f}]'
+    return mean, mean - half, mean + half
+
+  def interval(d):
+    return '{:+.2f} [{:+.2f}, {:+.2f}]'.format(*ci(d))
+
+  def gain(arm, m):
+    return diffs([(1, arm, ''), (-1, 'baselines', '')], m)
 
   # Gains over the same seed's random-init encoder.
   gain_part = text.split('## Gain over the random-init encoder')[1].split(
@@ -893,36 +916,63 @@ def _check_v2_report(base):
   assert len(gain_rows) == 14
   for row in gain_rows:
     arm, m, cell, n = row[0][2:], row[1], row[2], int(row[3].rstrip(' |'))
-    d = diffs([(1, arm, ''), (-1, 'baselines', '')], m)
+    d = gain(arm, m)
     assert n == len(d), row
-    want = ('-' if len(d) == 0 else f'{d.mean():+.2f} (n=1)' if len(d) == 1
+    want = ('-' if len(d) == 0 else f'{d[0]:+.2f} (n=1)' if len(d) == 1
             else interval(d))
     assert cell == want, row
-  # Claims: n for each; the statistics where all 4 seeds are in, Holm over
-  # those.
+  # Claims. A claim is judged once 4 seeds have its contrast and every arm's
+  # random-init run; Holm's family is the 14 tests, the others at p = 1.
   claim_part = text.split('## Claims')[1].split('\n## ')[0]
   rows = [l.split(' | ') for l in claim_part.splitlines()
           if re.match(r'\| C\d ', l)]
   assert len(rows) == 14
-  complete, pvals = [], []
+  judged, p, p_tost = [], [], []
   for row in rows:
     cid, m, n = row[0][2:4], row[1], int(row[3])
     d = diffs(_V2_CLAIMS[cid], m)
     assert n == len(d), row
-    if n < 4:
-      assert row[2] == '-' and row[5] == '-', row
+    arms = sorted({a for _, a, _ in _V2_CLAIMS[cid]})
+    ready = min([len(d)] + [len(gain(a, m)) for a in arms])
+    if ready < 4:
+      assert row[2] == '-' and row[4] == row[5] == row[7].rstrip(' |') == '-'
       assert row[6] == ('not run yet' if n == 0 else
-                        f'pending: {n} of 4 seeds'), row
+                        f'pending: {ready} of 4 seeds complete'), row
+      p.append(1.)
+      p_tost.append(1.)
+      judged.append(None)
+      continue
+    assert row[2] == interval(d), row
+    p.append(stats.ttest_1samp(d, 0).pvalue)
+    p_tost.append(max(
+        stats.ttest_1samp(d, -1., alternative='greater').pvalue,
+        stats.ttest_1samp(d, 1., alternative='less').pvalue))
+    flat = [a for a in arms if not ci(gain(a, m))[1] > 0]
+    judged.append((row, d, flat))
+
+  def holm(p):
+    p = np.asarray(p)
+    order = np.argsort(p, kind='stable')
+    adj = np.minimum(1, np.maximum.accumulate(p[order] * (len(p) -
+                                                          np.arange(len(p)))))
+    out = np.empty_like(adj)
+    out[order] = adj
+    return out
+
+  for j, pi, ph, pth in zip(judged, p, holm(p), holm(p_tost)):
+    if j is None:
+      continue
+    row, d, flat = j
+    assert row[4] == reproduce._p(pi) and row[5] == reproduce._p(ph), row  # pylint: disable=protected-access
+    if flat:
+      want = 'untestable here: ' + ', '.join(flat) + ' not above random init'
+    elif ph < 0.05:
+      want = 'supported' if sum(d) > 0 else 'contradicted'
     else:
-      assert row[2] == interval(d), row
-      complete.append((row, d))
-      pvals.append(stats.ttest_1samp(d, 0).pvalue)
-  order = np.argsort(pvals)
-  adjusted = np.empty(len(pvals))
-  adjusted[order] = np.minimum(1, np.maximum.accumulate(
-      np.array(pvals)[order] * (len(pvals) - np.arange(len(pvals)))))
-  for (row, d), p, ph in zip(complete, pvals, adjusted):
-    assert row[4] == reproduce._p(p) and row[5] == reproduce._p(ph), row  # pylint: disable=protected-access
+      want = 'inconclusive'
+    assert row[6] == want, row
+    tost_cell = reproduce._p(pth) + (' (equivalent)' if pth < 0.05 else '')  # pylint: disable=protected-access
+    assert row[7].rstrip(' |') == tost_cell, row
 
 
 def test_study_v2_committed_report_recomputes_from_the_records():
@@ -938,6 +988,9 @@ def test_study_v2_report_check_reads_a_complete_study(tmp_path):
   vals = {(a, ''): list(0.85 + 0.01 * rng.standard_normal(4))
           for a in study_v2.ARMS}
   vals[('baselines', '')] = list(0.80 + 0.002 * rng.standard_normal(4))
+  # moco_v2 at the random-init level: C4 is untestable (Amendment 3).
+  vals[('moco_v2', '')] = list(np.array(vals[('baselines', '')]) +
+                               np.array([0.004, -0.003, 0.002, -0.001]))
   for rule in ('linear', 'exponential'):
     for a in ('ntxent', 'cacr_k1'):
       vals[(a, rule)] = list(0.7 + 0.01 * rng.standard_normal(4))
@@ -951,11 +1004,21 @@ def test_study_v2_report_check_reads_a_complete_study(tmp_path):
   report = str(tmp_path / 'REPORT.md')
   text = analysis.write_report(str(results), report, tag_commit=None)
   assert 'final 32 of 32, imbalance 16 of 16 (complete)' in text
+  assert '| untestable here: moco_v2 not above random init |' in text
   _check_v2_report(str(tmp_path))
   row = next(l for l in text.splitlines() if l.startswith('| C3 '))
   cell = row.split(' | ')[2]
   changed = cell[:-2] + str((int(cell[-2]) + 1) % 10) + cell[-1]
   with open(report, 'w') as f:
     f.write(text.replace(row, row.replace(cell, changed)))
+  with pytest.raises(AssertionError):
+    _check_v2_report(str(tmp_path))
+  # A verdict changed, every number kept.
+  verdict = row.split(' | ')[6]
+  assert verdict in ('supported', 'inconclusive', 'contradicted'), row
+  other = 'inconclusive' if verdict != 'inconclusive' else 'supported'
+  with open(report, 'w') as f:
+    f.write(text.replace(row, row.replace(f' | {verdict} | ',
+                                          f' | {other} | ')))
   with pytest.raises(AssertionError):
     _check_v2_report(str(tmp_path))
