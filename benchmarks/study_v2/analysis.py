@@ -28,6 +28,8 @@ ALPHA = 0.05
 EQUIVALENCE_MARGIN = 1.0
 # PROTOCOL.md Sec. 6: a claim is tested once all its seeds are in.
 PLANNED_SEEDS = len(study.SEEDS)
+# Steps of one epoch of the 50,000 training images, as the driver counts.
+STEPS_PER_EPOCH = study._steps(1)  # pylint: disable=protected-access
 
 # (id, claim, terms): a term is (sign, (stage, arm, rule)); rule '' is the
 # final (balanced) run, read on 'test'; a rule reads the imbalance run's
@@ -174,7 +176,7 @@ def _epochs(records: list[dict], stage: str) -> int | None:
   for rec in records:
     if (rec['stage'] == stage and rec.get('status') == 'done' and
         rec['arm'] != 'baselines'):
-      return round(rec['steps'] / (50_000 // study.BATCH))
+      return round(rec['steps'] / STEPS_PER_EPOCH)
   return None
 
 
@@ -211,7 +213,6 @@ def budget_text(results_dir: str, records: list[dict], recipe) -> str:
   e, e_t = _epochs(records, 'final'), _epochs(records, 'tune')
   if not curve or rand is None:
     return 'Budget: the pilot has not finished.'
-  per_epoch = 50_000 // study.BATCH
   best_step, best = max(curve, key=lambda c: c[1])
   hit = [step for step, acc in curve if 100 * (acc - rand) >= 5]
   text = ('Budget: PROTOCOL.md Sec. 4 asks for the smallest epoch at which '
@@ -219,12 +220,12 @@ def budget_text(results_dir: str, records: list[dict], recipe) -> str:
           'least 5 kNN points on validation and its curve has flattened. ')
   if hit:
     text += (f'The pilot first gained 5 points at epoch '
-             f'{hit[0] / per_epoch:g}. ')
+             f'{hit[0] / STEPS_PER_EPOCH:g}. ')
   else:
     text += ('The pilot of the chosen recipe reached it at no epoch up to '
              f'{study.PILOT_EPOCHS}: its largest gain is '
              f'{100 * (best - rand):+.2f} points (epoch '
-             f'{best_step / per_epoch:g}), so the criterion was not '
+             f'{best_step / STEPS_PER_EPOCH:g}), so the criterion was not '
              'reachable here and the budget is the largest the CPU budget '
              'allows (Amendment 2). ')
   text += (f'Final and imbalance runs: {e if e is not None else "-"} '
@@ -233,11 +234,11 @@ def budget_text(results_dir: str, records: list[dict], recipe) -> str:
   rec_base, *rec_runs = study.recipe_runs()
   r_rand = (((study.load_record(results_dir, rec_base) or {}).get(
       'validation') or {}).get('random_init') or {}).get('knn')
-  for r, run in zip(study.RECIPES, rec_runs):
+  if recipe is not None:
+    run = rec_runs[study.RECIPES.index(recipe)]
     rec = study.load_record(results_dir, run) or {}
     knn = ((rec.get('validation') or {}).get('trained') or {}).get('knn')
-    if (r == recipe and knn is not None and r_rand is not None and
-        e == study.RECIPE_EPOCHS):
+    if knn is not None and r_rand is not None and e == study.RECIPE_EPOCHS:
       text += (f' At that budget the trained NT-Xent encoder beat the '
                f'random-init encoder by {100 * (knn - r_rand):+.2f} kNN '
                f'points on validation (the recipe run `{run.run_id}`, a '
