@@ -21,6 +21,7 @@ import pathlib
 import socket
 import struct
 
+import tensorflow_datasets as tfds  # Imported early: see sources.py.
 from absl import logging
 
 DEBIAN_FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
@@ -135,8 +136,6 @@ def get_builder(name: str, data_dir: str | None = None, *,
   TFDS); the normal TFDS download. If all fail, raises a
   `DatasetUnavailableError` that names the dataset, the data_dir and the fix.
   """
-  import tensorflow_datasets as tfds  # Heavy import, kept local.
-
   try:
     # ArrayRecord: random access per record (`tfds.data_source`), which the
     # input pipeline needs to read any example of any global batch.

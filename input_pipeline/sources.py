@@ -63,6 +63,14 @@ import zipfile
 from collections.abc import Sequence
 
 import numpy as np
+# Imported with this module, never first inside a function: TFDS imports its
+# own dependencies under etils' `lazy_imports`, which replaces
+# `builtins.__import__` while it runs. A garbage collection that lands in
+# that window runs finalizers whose imports then fail (multiprocessing's,
+# left by a dropped worker-process iterator: their semaphores leak). Imported
+# here, it runs when the input pipeline is imported, before any such object
+# exists.
+import tensorflow_datasets as tfds
 from absl import logging
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
@@ -535,7 +543,6 @@ class TfdsSource(_ThreadedReader):
 
   def __init__(self, name: str, split: str, *, data_dir: str | None,
                image_size: int | None, fit: CenterSquare = CenterSquare()):
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     from input_pipeline import datasets  # pylint: disable=g-import-not-at-top
     super().__init__()
     self.fit = fit

@@ -28,6 +28,12 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
   os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+# pytest's unraisable-exception hook imports tracemalloc on its first report;
+# a report made while a library's lazy-import context has replaced
+# builtins.__import__ (etils, under TFDS) cannot import it, and the hook's own
+# error hides the exception it reports. Imported here, the report reads it
+# from sys.modules.
+import tracemalloc  # noqa: E402,F401
 
 import jax  # noqa: E402
 

@@ -183,6 +183,49 @@ def test_tfds_source_reads_fashion_mnist_like_the_raw_idx_files():
   assert len({img.tobytes() for img in got['image']}) == 64
 
 
+_LAZY_IMPORT_WINDOW_SCRIPT = r"""
+import contextlib, gc, multiprocessing, sys
+from etils import epy
+
+# Every etils lazy-import window gets a garbage collection, as one can land
+# there at any allocation.
+plain = epy.lazy_imports
+@contextlib.contextmanager
+def collecting(**kwargs):
+  with plain(**kwargs):
+    gc.collect()
+    yield
+epy.lazy_imports = collecting
+failed = []
+sys.unraisablehook = lambda u: failed.append(f'{u.object!r}: {u.exc_value!r}')
+
+from input_pipeline import sources
+
+# What a dropped worker-process iterator leaves: a cycle holding a named
+# semaphore, whose multiprocessing finalizer imports its resource tracker.
+cycle = {'lock': multiprocessing.get_context('spawn').Lock()}
+cycle['self'] = cycle
+del cycle
+sources.TfdsSource('fashion_mnist', 'test[:8]', data_dir=None, image_size=None)
+gc.collect()
+print('FAILED FINALIZERS', failed)
+"""
+
+
+def test_opening_tfds_after_pipeline_garbage_runs_its_finalizers():
+  # TFDS imports its dependencies under a patched builtins.__import__; a
+  # collection in that window fails every multiprocessing finalizer due
+  # (their semaphores leak) unless the input pipeline imports TFDS before it
+  # makes any. A fresh interpreter: this one has imported TFDS already.
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run(
+      [sys.executable, '-c', _LAZY_IMPORT_WINDOW_SCRIPT], cwd=repo,
+      env=dict(os.environ, PYTHONPATH=repo), capture_output=True, text=True,
+      timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 'FAILED FINALIZERS []' in out.stdout, out.stdout[-3000:]
+
+
 def test_in_memory_tfds_split_is_decoded_once_and_read_back_equal():
   # A split no other test uses. The first open decodes it and writes the
   # arrays; the next opens read the file; a file that does not match the
