@@ -636,10 +636,14 @@ def _v2_records(seed_values):
                      'test_balanced': {'trained': scores}})
       elif arm == 'baselines':
         recs.append({'stage': 'final', 'arm': arm, 'tag': '', 'seed': seed,
-                     'status': 'done', 'test': {'random_init': scores}})
+                     'status': 'done',
+                     'test': {'random_init': scores,
+                              'raw_pixels': {'knn': 0.78 + seed / 1e4,
+                                             'linear': 0.84}}})
       else:
         recs.append({'stage': 'final', 'arm': arm, 'tag': '', 'seed': seed,
-                     'status': 'done', 'test': {'trained': scores}})
+                     'status': 'done', 'test': {'trained': scores},
+                     'overrides': {study_v2.ARMS[arm][2]: 0.5}})
   return recs
 
 
@@ -876,6 +880,8 @@ def _check_v2_report(base):
   done = [l.split(' | ')[0][2:] for l in runs_part.splitlines()
           if l.startswith('| ') and l.split(' | ')[1] == 'done']
   acc = {}   # (arm, rule, metric) -> {seed: %}
+  by_arm = {}  # Accuracy table: row -> {metric: {seed: %}}, and settings.
+  settings = {}
   for run_id in done:
     with open(os.path.join(base, 'results', run_id + '.json')) as f:
       rec = json.load(f)
@@ -883,6 +889,18 @@ def _check_v2_report(base):
     if rec['stage'] == 'final':
       rep = 'random_init' if rec['arm'] == 'baselines' else 'trained'
       scores, rule = rec['test'][rep], ''
+      reps = ({'random init': rec['test']['random_init'],
+               'raw pixels': rec['test']['raw_pixels']}
+              if rec['arm'] == 'baselines' else {rec['arm']: scores})
+      for row, sc in reps.items():
+        for m in ('knn', 'linear'):
+          by_arm.setdefault(row, {}).setdefault(m, {})[rec['seed']] = (
+              100 * sc[m])
+      if rec['arm'] != 'baselines':
+        config, own, key, _ = study_v2.ARMS[rec['arm']]
+        settings[rec['arm']] = ', '.join(
+            [f'configs/{config}.py'] + [f'{k} {v}' for k, v in own.items()]
+            + [f'{key.split(".")[-1]} {rec["overrides"][key]}'])
     elif rec['stage'] == 'imbalance':
       scores, rule = rec['test_balanced']['trained'], rec['tag']
     else:
@@ -927,6 +945,29 @@ def _check_v2_report(base):
     want = ('-' if len(d) == 0 else f'{d[0]:+.2f} (n=1)' if len(d) == 1
             else interval(d))
     assert cell == want, row
+  # Accuracy by arm: mean and sample sd over the done seeds, numpy's.
+  acc_part = text.split('## Accuracy by arm (test split)')[1].split(
+      '\n## ')[0]
+  acc_rows = [l.split(' | ') for l in acc_part.splitlines()
+              if l.startswith('| ') and not l.startswith('| arm')]
+  assert [r[0][2:] for r in acc_rows] == list(study_v2.ARMS) + [
+      'random init', 'raw pixels']
+
+  def mean_sd(by_seed):
+    # The mean summed in seed order, as the report's; the sd numpy's.
+    v = np.array([by_seed[k] for k in sorted(by_seed)])
+    mean = sum(v) / max(len(v), 1)
+    return ('-' if len(v) == 0 else f'{mean:.2f}' if len(v) == 1 else
+            f'{mean:.2f} ± {v.std(ddof=1):.2f}')
+
+  for row in acc_rows:
+    name = row[0][2:]
+    got = by_arm.get(name, {'knn': {}, 'linear': {}})
+    assert row[2] == mean_sd(got['knn']), row
+    assert row[3] == mean_sd(got['linear']), row
+    assert int(row[4].rstrip(' |')) == len(got['knn']), row
+    if name in settings:
+      assert row[1] == settings[name], row
   # Claims. A claim is judged once 4 seeds have its contrast and every arm's
   # random-init run; Holm's family is the 14 tests, the others at p = 1.
   claim_part = text.split('## Claims')[1].split('\n## ')[0]
@@ -1018,5 +1059,14 @@ def test_study_v2_report_check_reads_a_complete_study(tmp_path):
   with open(report, 'w') as f:
     f.write(text.replace(row, row.replace(f' | {verdict} | ',
                                           f' | {other} | ')))
+  with pytest.raises(AssertionError):
+    _check_v2_report(str(tmp_path))
+  # One digit of an arm's mean accuracy changed.
+  row = next(l for l in text.splitlines() if l.startswith('| macl | '))
+  cell = row.split(' | ')[2]
+  changed = str((int(cell[0]) + 1) % 10) + cell[1:]
+  with open(report, 'w') as f:
+    f.write(text.replace(row, row.replace(f' | {cell} | ',
+                                          f' | {changed} | ')))
   with pytest.raises(AssertionError):
     _check_v2_report(str(tmp_path))
