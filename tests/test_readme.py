@@ -3,7 +3,8 @@
 Every command in its ```bash blocks names only repository paths that exist,
 every `--config=file[:arg]` loads, and every `--config.x.y=...` override
 names a field of that config; every repository path and relative link in the
-text exists; the loss snippet runs. The README is at most 250 lines and
+text exists; the loss snippet runs; the study v2 rows of its results table
+quote study v2's generated report. The README is at most 250 lines and
 carries no dates, commit hashes, issue numbers or machine-load remarks (those
 belong in docs/ and CHANGELOG.md).
 """
@@ -132,6 +133,35 @@ def test_the_loss_snippet_runs(tmp_path):
   # 32 instances x 2 views: a uniform softmax over the 63 others gives
   # log 63; views that share their image must score better than chance.
   assert 0 < loss < math.log(63), out.stdout
+
+
+def test_study_v2_results_quote_its_report():
+  # Each README row linking study v2's report names an arm's config; its
+  # trained and random-init means (kNN / linear) and the seed count are the
+  # report's accuracy table's, as generated from the run records.
+  with open(os.path.join(ROOT, 'benchmarks', 'study_v2', 'REPORT.md')) as f:
+    report = f.read()
+  table = report.split('## Accuracy by arm (test split)')[1].split('\n## ')[0]
+  means = {}   # config path or row name -> (kNN mean, linear mean, seeds)
+  for line in table.splitlines():
+    cells = line.strip('| ').split(' | ')
+    if len(cells) == 5 and cells[0] != 'arm' and not line.startswith('|---'):
+      key = cells[1].split(',')[0] if cells[1].startswith('configs/') else (
+          cells[0])
+      means[key] = (cells[2].split(' ')[0], cells[3].split(' ')[0],
+                    int(cells[4]))
+  rows = [l for l in _text().splitlines()
+          if '(benchmarks/study_v2/REPORT.md)' in l and l.startswith('| ')]
+  assert len(rows) >= 5, rows
+  seeds = re.search(r'mean of (\d) seeds', rows[0])
+  for row in rows:
+    cells = row.strip('| ').split(' | ')
+    config = re.search(r'`(configs/\w+\.py)`', cells[0]).group(1)
+    knn, linear, n = means[config]
+    assert cells[1] == f'{knn} / {linear}', row
+    rknn, rlinear, _ = means['random init']
+    assert cells[2] == f'{rknn} / {rlinear}', row
+    assert int(seeds.group(1)) == n, row
 
 
 def test_readme_is_short_and_undated():

@@ -19,7 +19,7 @@ $DATA/downloads/manual/ and run once
 `tfds build imagenet2012 --data_dir=$DATA --file_format=array_record`.
 CIFAR is downloaded by TFDS on first use (needs the network; offline it
 fails at once with a message saying so). On a pod every host runs the same
-command (README "Multi-host pods"): TPU pods and SLURM need JAX_DISTRIBUTED=1,
+command (README, "Scaling up"): TPU pods and SLURM need JAX_DISTRIBUTED=1,
 other clusters JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID.
 """
 
