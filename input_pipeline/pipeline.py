@@ -30,6 +30,9 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+# Imported with this module, as TFDS is in sources.py (which says why): grain
+# imports a dependency under etils' lazy-import context too.
+import grain
 import jax
 import numpy as np
 
@@ -257,7 +260,6 @@ class TrainBatches:
     processes; each is a pure function of its step, so where the iteration
     starts is the whole input state.
     """
-    import grain  # pylint: disable=g-import-not-at-top
     if stop_step <= start_step:
       return
     ds = grain.MapDataset.range(start_step, stop_step).map(self.host_batch)

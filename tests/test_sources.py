@@ -188,10 +188,12 @@ import contextlib, gc, multiprocessing, sys
 from etils import epy
 
 # Every etils lazy-import window gets a garbage collection, as one can land
-# there at any allocation.
+# there at any allocation; the windows entered are counted.
 plain = epy.lazy_imports
+windows = []
 @contextlib.contextmanager
 def collecting(**kwargs):
+  windows.append(1)
   with plain(**kwargs):
     gc.collect()
     yield
@@ -199,7 +201,8 @@ epy.lazy_imports = collecting
 failed = []
 sys.unraisablehook = lambda u: failed.append(f'{u.object!r}: {u.exc_value!r}')
 
-from input_pipeline import sources
+from input_pipeline import pipeline, sources
+windows.clear()
 
 # What a dropped worker-process iterator leaves: a cycle holding a named
 # semaphore, whose multiprocessing finalizer imports its resource tracker.
@@ -207,22 +210,26 @@ cycle = {'lock': multiprocessing.get_context('spawn').Lock()}
 cycle['self'] = cycle
 del cycle
 sources.TfdsSource('fashion_mnist', 'test[:8]', data_dir=None, image_size=None)
+import grain  # What the training iterator uses.
 gc.collect()
+print('WINDOWS AFTER IMPORT', len(windows))
 print('FAILED FINALIZERS', failed)
 """
 
 
 def test_opening_tfds_after_pipeline_garbage_runs_its_finalizers():
-  # TFDS imports its dependencies under a patched builtins.__import__; a
-  # collection in that window fails every multiprocessing finalizer due
-  # (their semaphores leak) unless the input pipeline imports TFDS before it
-  # makes any. A fresh interpreter: this one has imported TFDS already.
+  # TFDS and grain import their dependencies under a patched
+  # builtins.__import__; a collection in that window fails every
+  # multiprocessing finalizer due (their semaphores leak) unless the input
+  # pipeline's modules pass those windows when they are imported, before
+  # they make any. A fresh interpreter: this one has imported both already.
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = subprocess.run(
       [sys.executable, '-c', _LAZY_IMPORT_WINDOW_SCRIPT], cwd=repo,
       env=dict(os.environ, PYTHONPATH=repo), capture_output=True, text=True,
       timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
+  assert 'WINDOWS AFTER IMPORT 0' in out.stdout, out.stdout[-3000:]
   assert 'FAILED FINALIZERS []' in out.stdout, out.stdout[-3000:]
 
 
