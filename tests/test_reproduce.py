@@ -880,6 +880,7 @@ def _check_v2_report(base):
   done = [l.split(' | ')[0][2:] for l in runs_part.splitlines()
           if l.startswith('| ') and l.split(' | ')[1] == 'done']
   acc = {}   # (arm, rule, metric) -> {seed: %}
+  imb = {}     # (arm, rule, bank, metric) -> {seed: %}
   by_arm = {}  # Accuracy table: row -> {metric: {seed: %}}, and settings.
   settings = {}
   for run_id in done:
@@ -903,6 +904,11 @@ def _check_v2_report(base):
             + [f'{key.split(".")[-1]} {rec["overrides"][key]}'])
     elif rec['stage'] == 'imbalance':
       scores, rule = rec['test_balanced']['trained'], rec['tag']
+      for bank, sc in (('balanced', scores),
+                       ('imbalanced', rec['test']['trained'])):
+        for m in ('knn', 'linear'):
+          imb.setdefault((rec['arm'], rule, bank, m), {})[rec['seed']] = (
+              100 * sc[m])
     else:
       continue
     for m in ('knn', 'linear'):
@@ -912,6 +918,20 @@ def _check_v2_report(base):
   n_final = sum(r.startswith('final__') for r in done)
   n_imb = sum(r.startswith('imbalance__') for r in done)
   assert f'Runs done: final {n_final} of 32, imbalance {n_imb} of 16' in text
+  # The planned runs not done, by PROTOCOL.md Sec. 6's list of runs.
+  planned = {f'final__{a}__s{k}' for a in list(study_v2.ARMS) + ['baselines']
+             for k in range(4)} | {
+                 f'imbalance__{a}__{rule}__s{k}' for a in ('ntxent', 'cacr_k1')
+                 for rule in ('linear', 'exponential') for k in range(4)}
+  not_done = re.search(r'Not done \((\d+), in the driver\'s order\): '
+                       r'([^.]*)\.', text)
+  missing = planned - set(done)
+  closed = re.search(r'Closed with runs not made \(([^)]*)\)', text)
+  if missing:
+    assert int(not_done.group(1)) == len(missing)
+    assert set(not_done.group(2).split(', ')) == missing
+  else:
+    assert not_done is None and '(complete).' in text
 
   def diffs(terms, m):
     cols = [acc.get((a, rule, m), {}) for _, a, rule in terms]
@@ -968,6 +988,27 @@ def _check_v2_report(base):
     assert int(row[4].rstrip(' |')) == len(got['knn']), row
     if name in settings:
       assert row[1] == settings[name], row
+  # Imbalance runs: both banks' accuracies, and the drop from the same
+  # seed's balanced-data run, paired.
+  imb_part = text.split('## Imbalance runs (test split)')[1].split(
+      '\n## ')[0]
+  imb_rows = [l.split(' | ') for l in imb_part.splitlines()
+              if l.startswith('| ') and not l.startswith('| arm')]
+  assert [(r[0][2:], r[1]) for r in imb_rows] == [
+      (a, rule) for rule in ('linear', 'exponential')
+      for a in ('ntxent', 'cacr_k1')]
+  for row in imb_rows:
+    arm, rule = row[0][2:], row[1]
+    got = [mean_sd(imb.get((arm, rule, bank, m), {}))
+           for bank in ('balanced', 'imbalanced') for m in ('knn', 'linear')]
+    assert [row[2], row[3], row[4], row[5]] == [got[0], got[1], got[2],
+                                                 got[3]], row
+    for cell, m in ((row[6], 'knn'), (row[7], 'linear')):
+      d = diffs([(1, arm, ''), (-1, arm, rule)], m)
+      assert cell == ('-' if len(d) == 0 else f'{d[0]:+.2f} (n=1)'
+                      if len(d) == 1 else interval(d)), row
+    assert int(row[8].rstrip(' |')) == len(
+        imb.get((arm, rule, 'balanced', 'knn'), {})), row
   # Claims. A claim is judged once 4 seeds have its contrast and every arm's
   # random-init run; Holm's family is the 14 tests, the others at p = 1.
   claim_part = text.split('## Claims')[1].split('\n## ')[0]
@@ -980,11 +1021,23 @@ def _check_v2_report(base):
     d = diffs(_V2_CLAIMS[cid], m)
     assert n == len(d), row
     arms = sorted({a for _, a, _ in _V2_CLAIMS[cid]})
+    # Each arm's gain over random init beside the claim (Sec. 7).
+    want_gains = []
+    for a in arms:
+      g = gain(a, m)
+      want_gains.append(f'{a} ' + ('-' if len(g) == 0 else
+                                   f'{g[0]:+.2f} (n=1)' if len(g) == 1
+                                   else interval(g)))
+    assert row[8].rstrip(' |') == '; '.join(want_gains), row
     ready = min([len(d)] + [len(gain(a, m)) for a in arms])
     if ready < 4:
-      assert row[2] == '-' and row[4] == row[5] == row[7].rstrip(' |') == '-'
-      assert row[6] == ('not run yet' if n == 0 else
-                        f'pending: {ready} of 4 seeds complete'), row
+      assert row[2] == '-' and row[4] == row[5] == row[7] == '-'
+      if closed:
+        want = f'untestable here: {ready} of 4 seeds made ({closed.group(1)})'
+      else:
+        want = ('not run yet' if n == 0 else
+                f'pending: {ready} of 4 seeds complete')
+      assert row[6] == want, row
       p.append(1.)
       p_tost.append(1.)
       judged.append(None)
@@ -1018,8 +1071,44 @@ def _check_v2_report(base):
     else:
       want = 'inconclusive'
     assert row[6] == want, row
-    tost_cell = reproduce._p(pth) + (' (equivalent)' if pth < 0.05 else '')  # pylint: disable=protected-access
-    assert row[7].rstrip(' |') == tost_cell, row
+    label = ('untestable here' if flat else 'equivalent within ±1.0'
+             if pth < 0.05 else 'not shown equivalent')
+    assert row[7] == f'{reproduce._p(pth)} ({label})', row  # pylint: disable=protected-access
+
+
+def test_study_v2_closed_study_marks_claims_missing_runs_untestable(
+    tmp_path):
+  # A study stopped with runs not made (PROTOCOL.md Sec. 6): the claims
+  # missing a run are "untestable here" with the reason, the report lists
+  # the runs, and the complete claims keep their verdicts.
+  from benchmarks.study_v2 import analysis
+  vals = _v2_values_moco_at_random_init(np.random.default_rng(3), 0.01)
+  results = tmp_path / 'results'
+  results.mkdir()
+  for rec in _v2_records(vals):
+    rec['run_id'] = '__'.join(x for x in (rec['stage'], rec['arm'],
+                                          rec['tag'], f's{rec["seed"]}') if x)
+    if rec['run_id'] in ('final__cmc__s3', 'imbalance__cacr_k1__linear__s2'):
+      continue
+    rec['steps'], rec['invocations'] = 1170, []
+    (results / (rec['run_id'] + '.json')).write_text(json.dumps(rec))
+  text = analysis.write_report(str(results), str(tmp_path / 'REPORT.md'),
+                               tag_commit=None, closed='CPU budget spent')
+  assert ('Closed with runs not made (CPU budget spent): the claims that '
+          'need them are untestable here. Not done (2, in the driver\'s '
+          'order): final__cmc__s3, imbalance__cacr_k1__linear__s2.') in text
+  verdicts = {tuple(l.split(' | ')[i] for i in (0, 1)): l.split(' | ')[6]
+              for l in text.splitlines() if re.match(r'\| C\d ', l)}
+  for metric in ('knn', 'linear'):
+    assert verdicts[('| C5 CMC > SimCLR (two views)', metric)] == (
+        'untestable here: 3 of 4 seeds made (CPU budget spent)')
+    c6 = next(v for k, v in verdicts.items()
+              if k[0].startswith('| C6 ') and k[1] == metric)
+    assert c6 == 'untestable here: 3 of 4 seeds made (CPU budget spent)'
+    c4 = next(v for k, v in verdicts.items()
+              if k[0].startswith('| C4 ') and k[1] == metric)
+    assert c4 == 'untestable here: moco_v2 not above random init'
+  _check_v2_report(str(tmp_path))
 
 
 def test_study_v2_committed_report_recomputes_from_the_records():
@@ -1059,6 +1148,16 @@ def test_study_v2_report_check_reads_a_complete_study(tmp_path):
   with open(report, 'w') as f:
     f.write(text.replace(row, row.replace(f' | {verdict} | ',
                                           f' | {other} | ')))
+  with pytest.raises(AssertionError):
+    _check_v2_report(str(tmp_path))
+  # One digit of an imbalance run's drop changed.
+  row = next(l for l in text.splitlines()
+             if l.startswith('| cacr_k1 | exponential | '))
+  cell = row.split(' | ')[6]
+  changed = cell[:1] + str((int(cell[1]) + 1) % 10) + cell[2:]
+  with open(report, 'w') as f:
+    f.write(text.replace(row, row.replace(f' | {cell} | ',
+                                          f' | {changed} | ')))
   with pytest.raises(AssertionError):
     _check_v2_report(str(tmp_path))
   # One digit of an arm's mean accuracy changed.

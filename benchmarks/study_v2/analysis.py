@@ -3,12 +3,14 @@ r"""Study v2's analysis, as PROTOCOL.md Sec. 7 fixes it, and its report.
     python -m benchmarks.study_v2.analysis
 
 writes benchmarks/study_v2/REPORT.md from the run records in
-benchmarks/study_v2/results/ (nothing else): each claim's per-seed
-contrast, paired t-test (n - 1 df), 95% CI, Holm over the family, verdict,
-the equivalence test (TOST, +-`EQUIVALENCE_MARGIN`), each arm's gain over
-the same seed's random-init encoder; before them, the stages that fixed
-the setting (the shared recipe, the budget pilots, the tuning), and after
-them every run's invocations.
+benchmarks/study_v2/results/ (nothing else), in this order: the budget
+statement; each claim's per-seed contrast, paired t-test (n - 1 df), 95%
+CI, Holm over the family, verdict and equivalence test (TOST,
++-`EQUIVALENCE_MARGIN`); each arm's test accuracy over its seeds; the
+imbalance runs with both banks and their drops; each arm's gain over the
+same seed's random-init encoder; then the stages that fixed the setting
+(the shared recipe, the budget pilots, the tuning) and every run's
+invocations.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ EQUIVALENCE_MARGIN = 1.0
 PLANNED_SEEDS = len(study.SEEDS)
 # Steps of one epoch of the 50,000 training images, as the driver counts.
 STEPS_PER_EPOCH = study._steps(1)  # pylint: disable=protected-access
+# The first tag: the first budget pilot ran at it (PROTOCOL.md Amendment 1
+# moved every later run to study.STUDY_TAG).
+FIRST_TAG = 'study-v2'
 
 # (id, claim, terms): a term is (sign, (stage, arm, rule)); rule '' is the
 # final (balanced) run, read on 'test'; a rule reads the imbalance run's
@@ -128,13 +133,15 @@ def seeds_in(data: dict, terms, metric: str) -> int:
              [gain(data, arm, metric).n for arm in arms])
 
 
-def claim_rows(records: list[dict]) -> list[Row]:
+def claim_rows(records: list[dict], closed: str | None = None) -> list[Row]:
   """One row per claim and metric. Holm's family is always the 14 tests
   (Sec. 7): a test whose claim has fewer than PLANNED_SEEDS seeds in
   (`seeds_in`) enters it with p = 1, and its row has no verdict. Holm's
   adjusted p values only fall as those p values arrive, so a complete
   claim's "supported" or "contradicted" holds as the study finishes; an
-  "inconclusive" may still change."""
+  "inconclusive" may still change. With `closed` (the study stopped with
+  runs not made, and why), such a row's verdict is "untestable here"
+  (Sec. 6 and 7)."""
   data = per_seed(records)
   keys = [(cid, claim, terms, m) for cid, claim, terms in CLAIMS
           for m in METRICS]
@@ -148,8 +155,12 @@ def claim_rows(records: list[dict]) -> list[Row]:
   for (cid, claim, terms, m), s, k, c, ph, pt, pth in zip(
       keys, st, ready, complete, holm, tost, tost_holm):
     if not c:
-      verdict = ('not run yet' if s.n == 0 else
-                 f'pending: {k} of {PLANNED_SEEDS} seeds complete')
+      if closed:
+        verdict = (f'untestable here: {k} of {PLANNED_SEEDS} seeds made '
+                   f'({closed})')
+      else:
+        verdict = ('not run yet' if s.n == 0 else
+                   f'pending: {k} of {PLANNED_SEEDS} seeds complete')
       rows.append(Row(cid, claim, m, s, math.nan, verdict, math.nan,
                       math.nan))
       continue
@@ -185,6 +196,31 @@ def accuracy_rows(records: list[dict]) -> list[tuple[str, str, dict]]:
                  'random_init' else 'flattened images',
                  {m: [100 * r['test'][rep][m] for r in base]
                   for m in METRICS}))
+  return rows
+
+
+def imbalance_rows(records: list[dict]) -> list[tuple[str, str, dict]]:
+  """(arm, rule, cells) of the imbalance runs: per metric, the test accuracy
+  (% per seed, in seed order) with the balanced bank and probe ('balanced',
+  what C6 and C7 read) and with the run's own imbalanced ones
+  ('imbalanced', reported beside), and the drop from the same seeds'
+  balanced-data final run (balanced bank; a `reproduce.Paired`)."""
+  data = per_seed(records)
+  runs = sorted((r for r in records if r.get('status') == 'done'
+                 and r['stage'] == 'imbalance'), key=lambda r: r['seed'])
+  rows = []
+  for rule in study.IMBALANCE_RULES:
+    for arm in study.IMBALANCED_ARMS:
+      mine = [r for r in runs if r['arm'] == arm and r['tag'] == rule]
+      cells = {}
+      for m in METRICS:
+        cells[m] = {
+            'balanced': [100 * r['test_balanced']['trained'][m]
+                         for r in mine],
+            'imbalanced': [100 * r['test']['trained'][m] for r in mine],
+            'drop': reproduce.Paired(contrast(
+                data, ((1, (arm, '')), (-1, (arm, rule))), m))}
+      rows.append((arm, rule, cells))
   return rows
 
 
@@ -264,8 +300,19 @@ def budget_text(results_dir: str, records: list[dict], recipe) -> str:
              f'{best_step / STEPS_PER_EPOCH:g}), so the criterion was not '
              'reachable here and the budget is the largest the CPU budget '
              'allows (Amendment 2). ')
-  text += (f'Final and imbalance runs: {e if e is not None else "-"} '
-           f'epochs; tuning: {e_t if e_t is not None else "-"} epochs.')
+  if e is None:
+    text += 'Final runs: none finished yet. '
+  else:
+    steps = study._steps(e)  # pylint: disable=protected-access
+    subsets = ' and '.join(
+        f'{steps * study.BATCH / reproduce.train_examples(rule):.1f}'
+        for rule in study.IMBALANCE_RULES)
+    sizes = ' and '.join(f'{reproduce.train_examples(rule):,}'
+                         for rule in study.IMBALANCE_RULES)
+    text += (f'Final runs: {steps} steps of {study.BATCH} images ({e} epochs '
+             'of the 50,000 training images); the imbalance runs take the '
+             f'same steps (about {subsets} epochs of their {sizes} images). ')
+  text += f'Tuning: {e_t if e_t is not None else "-"} epochs.'
   # Amendment 2: the gain at the budget, from the run scheduled for it.
   rec_base, *rec_runs = study.recipe_runs()
   r_rand = (((study.load_record(results_dir, rec_base) or {}).get(
@@ -285,18 +332,29 @@ def budget_text(results_dir: str, records: list[dict], recipe) -> str:
   return text
 
 
-def progress(records: list[dict]) -> str:
-  """How many of the planned final and imbalance runs are done."""
-  planned = {'final': (len(study.ARMS) + 1) * PLANNED_SEEDS,
-             'imbalance': (len(study.IMBALANCED_ARMS) *
-                           len(study.IMBALANCE_RULES) * PLANNED_SEEDS)}
-  done = {stage: sum(r.get('status') == 'done' and r['stage'] == stage
-                     for r in records) for stage in planned}
-  text = ', '.join(f'{stage} {done[stage]} of {n}'
-                   for stage, n in planned.items())
-  if all(done[s] == n for s, n in planned.items()):
+def planned_runs() -> dict[str, list[str]]:
+  """The run ids of the final and imbalance stages, in the driver's order
+  (a run's id does not depend on its tuned value or budget)."""
+  values = dict.fromkeys(study.ARMS, 0.)
+  return {'final': [r.run_id for r in study.final_runs(1, values)],
+          'imbalance': [r.run_id for r in study.imbalance_runs(1, values)]}
+
+
+def progress(records: list[dict], closed: str | None = None) -> str:
+  """How many of the planned final and imbalance runs are done, and which
+  are not; `closed`: why the study stopped with runs not made."""
+  planned = planned_runs()
+  done_ids = {r['run_id'] for r in records if r.get('status') == 'done'}
+  text = ', '.join(f'{stage} {sum(i in done_ids for i in ids)} of {len(ids)}'
+                   for stage, ids in planned.items())
+  missing = [i for ids in planned.values() for i in ids if i not in done_ids]
+  if not missing:
     return f'Runs done: {text} (complete).'
-  return f'Runs done: {text}. Interim: the study is still running.'
+  state = (f'Closed with runs not made ({closed}): the claims that need them '
+           'are untestable here.' if closed else
+           'Interim: the study is still running.')
+  return (f'Runs done: {text}. {state} Not done ({len(missing)}, in the '
+          f'driver\'s order): {", ".join(missing)}.')
 
 
 def load_all(results_dir: str) -> list[dict]:
@@ -314,9 +372,58 @@ def _p(p: float) -> str:
   return reproduce._p(p)  # pylint: disable=protected-access
 
 
-def write_report(results_dir: str, path: str, *, tag_commit: str | None
-                 ) -> str:
+def power_text(n: int = PLANNED_SEEDS) -> str:
+  """PROTOCOL.md Sec. 7's power statement, with the t quantiles it needs."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  m = len(CLAIMS) * len(METRICS)
+  t_two = stats.t.ppf(1 - ALPHA / m / 2, n - 1)
+  t_one = stats.t.ppf(1 - ALPHA / m, n - 1)
+  return (f'Power (Sec. 7): with {n} seeds ({n - 1} df) and Holm over {m}, '
+          f'the smallest p of the family must be below {ALPHA} / {m} = '
+          f'{ALPHA / m:.4f}, |t| > {t_two:.1f}: at a paired sd of 0.3 point, '
+          f'a mean difference of about {t_two * 0.3 / math.sqrt(n):.1f} '
+          'points. Smaller effects come out "inconclusive", which does not '
+          'mean absent. Likewise, "equivalent within '
+          f'±{EQUIVALENCE_MARGIN}" needs the first-ranked TOST\'s one-sided '
+          f't above {t_one:.1f}.')
+
+
+def reading_text(records: list[dict]) -> str:
+  """What a reader needs beside the verdicts (the setting, the baselines,
+  the interim tables)."""
+  acc = {row: a for row, _, a in accuracy_rows(records)}
+  mean = lambda v: sum(v) / len(v) if v else math.nan
+  text = ('Reading these results: the setting is a small CNN on '
+          'Fashion-MNIST for a few epochs, far from the papers\' (ResNets, '
+          'hundreds of epochs, CIFAR or ImageNet); a verdict here is about '
+          'this setting. ')
+  if acc['random init']['linear'] and acc['raw pixels']['linear']:
+    text += (
+        'The random-init encoder\'s pooled features score '
+        f'{mean(acc["random init"]["knn"]):.2f} kNN / '
+        f'{mean(acc["random init"]["linear"]):.2f} linear, raw pixels '
+        f'{mean(acc["raw pixels"]["knn"]):.2f} / '
+        f'{mean(acc["raw pixels"]["linear"]):.2f}: a linear probe reads '
+        'raw pixels better than random pooled features, so the linear '
+        'gains over random init are large partly because that reference '
+        'is weak; the accuracy table shows every arm beside raw pixels. ')
+  text += ('Amendment 3 (arms at the random-init level are untestable) was '
+           'written after the tuning runs left the two MoCo arms near that '
+           'level on validation, before any test number was read. All the '
+           'study\'s choices were fixed on validation before its first final '
+           'run; the test tables below show arms as their runs finish, '
+           'before their claims are judged, and change no choice.')
+  return text
+
+
+def write_report(results_dir: str, path: str, *, tag_commit: str | None,
+                 first_tag_commit: str | None = None,
+                 closed: str | None = None) -> str:
+  """Writes REPORT.md to `path` from the records in `results_dir`.
+  `closed`: the study stopped with runs not made, and why (PROTOCOL.md
+  Sec. 6); the claims missing runs become "untestable here"."""
   records = load_all(results_dir)
+  data = per_seed(records)
   lines = [
       '# Study v2: report', '',
       'Generated by `python -m benchmarks.study_v2.analysis` from the run '
@@ -329,18 +436,23 @@ def write_report(results_dir: str, path: str, *, tag_commit: str | None
   except study.StudyError:
     recipe = None
   lines += [budget_text(results_dir, records, recipe), '',
-            '## Shared recipe (Amendment 1)', '',
-            study.recipe_table(results_dir).rstrip(), '',
-            '## Budget pilot, chosen recipe (Sec. 4, Amendment 2)', '',
-            study.pilot_table(results_dir, recipe=recipe).rstrip(), '',
-            '## Budget pilot, the configs\' recipe (Sec. 4)', '',
-            study.pilot_table(results_dir).rstrip(), '']
+            'Sections: the claims and their verdicts; accuracy by arm; the '
+            'imbalance runs; each arm\'s gain over random init; then how the '
+            'setting was fixed (shared recipe, budget pilots, tuning) and '
+            'every run\'s invocations.', '']
+  # How the setting was fixed; after the results.
+  fixing = ['## Shared recipe (Amendment 1)', '',
+             study.recipe_table(results_dir).rstrip(), '',
+             '## Budget pilot, chosen recipe (Sec. 4, Amendment 2)', '',
+             study.pilot_table(results_dir, recipe=recipe).rstrip(), '',
+             '## Budget pilot, the configs\' recipe (Sec. 4)', '',
+             study.pilot_table(results_dir).rstrip(), '']
   e_t = _epochs(records, 'tune')
   if e_t is not None:
-    lines += ['## Tuning (Sec. 5)', '',
-              tune_table(results_dir, e_t, recipe).rstrip(), '']
+    fixing += ['## Tuning (Sec. 5)', '',
+                tune_table(results_dir, e_t, recipe).rstrip(), '']
   lines += [
-      '## Claims', '', progress(records), '',
+      '## Claims', '', progress(records, closed), '',
       'Per-seed contrasts in accuracy points (test split), paired t-test '
       'with n - 1 df, 95% t interval, Holm over the '
       f'{len(CLAIMS) * len(METRICS)} tests; equivalence: TOST against '
@@ -351,20 +463,31 @@ def write_report(results_dir: str, path: str, *, tag_commit: str | None
       'a "supported" or "contradicted" holds as the study finishes, an '
       '"inconclusive" may still change. A claim with an arm whose paired '
       '95% CI of gain over random init does not lie above 0 is "untestable '
-      'here" (Amendment 3).', '',
+      'here" (Amendment 3); the last column gives each arm\'s gain (Sec. '
+      '7). ' + power_text(), '',
       '| claim | metric | mean [95% CI] | n | p | Holm p | verdict | '
-      f'TOST Holm p (±{EQUIVALENCE_MARGIN}) |', '|---|---|---|---|---|---|---|---|']
-  for r in claim_rows(records):
+      f'TOST Holm p (±{EQUIVALENCE_MARGIN}) | arms\' gain over random init '
+      '[95% CI] |', '|---|---|---|---|---|---|---|---|---|']
+  terms_of = {cid: terms for cid, _, terms in CLAIMS}
+  for r in claim_rows(records, closed):
+    arms = sorted({arm for _, (arm, _) in terms_of[r.cid]})
+    arm_gains = '; '.join(f'{arm} {gain(data, arm, r.metric).fmt()}'
+                          for arm in arms)
     if math.isnan(r.p_holm):
       lines.append(f'| {r.cid} {r.claim} | {r.metric} | - | {r.stats.n} | '
-                   f'- | - | {r.verdict} | - |')
+                   f'- | - | {r.verdict} | - | {arm_gains} |')
       continue
-    eq = ('-' if math.isnan(r.p_tost_holm) else
-          f'{_p(r.p_tost_holm)}' + (' (equivalent)' if r.p_tost_holm < ALPHA
-                                    else ''))
+    if r.verdict.startswith('untestable'):
+      label = 'untestable here'
+    elif r.p_tost_holm < ALPHA:
+      label = f'equivalent within ±{EQUIVALENCE_MARGIN}'
+    else:
+      label = 'not shown equivalent'
     lines.append(f'| {r.cid} {r.claim} | {r.metric} | {r.stats.fmt()} | '
                  f'{r.stats.n} | {_p(r.stats.p)} | {_p(r.p_holm)} | '
-                 f'{r.verdict} | {eq} |')
+                 f'{r.verdict} | {_p(r.p_tost_holm)} ({label}) | '
+                 f'{arm_gains} |')
+  lines += ['', reading_text(records)]
   e_final = _epochs(records, 'final')
   if e_final is not None:
     lines += ['', '## Accuracy by arm (test split)', '',
@@ -378,28 +501,78 @@ def write_report(results_dir: str, path: str, *, tag_commit: str | None
     for arm, setting, acc in accuracy_rows(records):
       lines.append(f'| {arm} | {setting} | {_mean_sd(acc["knn"])} | '
                    f'{_mean_sd(acc["linear"])} | {len(acc["knn"])} |')
+  lines += ['', '## Imbalance runs (test split)', '',
+            'NT-Xent and CACR (K=1) at their chosen values on CACR\'s '
+            'linear and exponential subsets of the 50,000 training images, '
+            'the final runs\' steps. Scored with the kNN bank and linear '
+            'probe fitted on the balanced 50,000 (what C6 and C7 read) and, '
+            'beside, on the run\'s own imbalanced training set, %: mean ± '
+            'sample sd over the seeds in. Drop: the same seed\'s '
+            'balanced-data final run minus the imbalanced run (balanced '
+            'bank), mean [95% CI], points.', '',
+            '| arm | subset | kNN, balanced bank | linear, balanced | '
+            'kNN, imbalanced bank | linear, imbalanced | kNN drop | '
+            'linear drop | seeds |', '|---|---|---|---|---|---|---|---|---|']
+  for arm, rule, c in imbalance_rows(records):
+    lines.append(
+        f'| {arm} | {rule} | {_mean_sd(c["knn"]["balanced"])} | '
+        f'{_mean_sd(c["linear"]["balanced"])} | '
+        f'{_mean_sd(c["knn"]["imbalanced"])} | '
+        f'{_mean_sd(c["linear"]["imbalanced"])} | {c["knn"]["drop"].fmt()} | '
+        f'{c["linear"]["drop"].fmt()} | {len(c["knn"]["balanced"])} |')
   lines += ['', '## Gain over the random-init encoder (same seed)', '',
             '| arm | metric | gain [95% CI] | n |', '|---|---|---|---|']
   for arm, m, g in gains(records):
     lines.append(f'| {arm} | {m} | {g.fmt()} | {g.n} |')
-  lines += ['', '## Runs and their invocations', '',
+  lines += [''] + fixing + ['## Runs and their invocations', '',
             '| run | status | invocations (commit, resumed from, reached, '
             'wall s, CPU s, outcome) |', '|---|---|---|']
-  off_tag = []
+  off_tag, first_tag, killed = [], [], 0
   for rec in records:
     inv = rec.get('invocations', [])
-    for i in inv:
-      if tag_commit and i['commit'] != tag_commit or i['dirty']:
-        off_tag.append(rec['run_id'])
-    lines.append(f'| {rec["run_id"]} | {rec.get("status")} | ' + '; '.join(
-        f'{i["commit"][:7]}, {i["resumed_from_step"]}, '
-        f'{i.get("reached_step")}, {i.get("wall_seconds")}, '
-        f'{i.get("cpu_seconds")}, {i["outcome"]}' for i in inv) + ' |')
+    cells = []
+    for k, i in enumerate(inv):
+      if i['dirty'] or tag_commit and i['commit'] != tag_commit:
+        (first_tag if first_tag_commit and not i['dirty'] and
+         i['commit'] == first_tag_commit else off_tag).append(rec['run_id'])
+      outcome = i['outcome']
+      # An invocation still marked running that is not the record's live
+      # one was killed before the driver could record its end.
+      if outcome == 'running' and not (rec.get('status') == 'running' and
+                                       k == len(inv) - 1):
+        outcome, killed = 'killed, no CPU record', killed + 1
+      cells.append(f'{i["commit"][:7]}, {i["resumed_from_step"]}, '
+                   f'{i.get("reached_step")}, {i.get("wall_seconds")}, '
+                   f'{i.get("cpu_seconds")}, {outcome}')
+    lines.append(f'| {rec["run_id"]} | {rec.get("status")} | ' +
+                 '; '.join(cells) + ' |')
   cpu = sum(i.get('cpu_seconds') or 0 for rec in records
             for i in rec.get('invocations', []))
-  lines += ['', f'CPU time of all runs so far: {cpu / 3600:.2f} h (budget '
-            '20 h). Invocations not at the tag or on a dirty tree: '
-            f'{", ".join(sorted(set(off_tag))) or "none"}.', '']
+  text = (f'CPU time of all runs so far: {"at least " if killed else ""}'
+          f'{cpu / 3600:.2f} h (budget 20 h)')
+  if killed:
+    text += (f'; {killed} invocation(s) were killed before recording their '
+             'CPU time, which this sum leaves out')
+  text += ('. Invocations not at the tag or on a dirty tree: '
+           f'{", ".join(sorted(set(off_tag))) or "none"}.')
+  if first_tag:
+    text += (f' At the first tag, `{FIRST_TAG}` (the first budget pilot, '
+             'before Amendment 1 moved every later run to '
+             f'`{study.STUDY_TAG}`): {", ".join(sorted(set(first_tag)))}. '
+             'The configs\' recipe pilot is one; the pilots\' random-init '
+             'encoder (both pilot tables and the budget statement read it) '
+             'is the other')
+    knn = lambda run: (((study.load_record(results_dir, run) or {}).get(
+        'validation') or {}).get('random_init') or {}).get('knn')
+    first, later = (knn(study.pilot_runs()[0]), knn(study.recipe_runs()[0]))
+    if first is not None and later is not None:
+      text += (f': its validation kNN, {100 * first:.2f}, '
+               f'{"equals" if first == later else "differs from"} the '
+               f'same encoder\'s at `{study.STUDY_TAG}` '
+               f'(`{study.recipe_runs()[0].run_id}`), {100 * later:.2f}')
+    text += '.'
+
+  lines += ['', text, '']
   text = '\n'.join(lines)
   with open(path + '.tmp', 'w') as f:
     f.write(text)
@@ -411,9 +584,14 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--results_dir', default=study.RESULTS_DIR)
   p.add_argument('--out', default=REPORT)
+  p.add_argument('--closed', default=None,
+                 help='the study stopped with runs not made: why (the '
+                 'claims missing runs become "untestable here")')
   args = p.parse_args(argv)
   write_report(args.results_dir, args.out,
-               tag_commit=study.tag_commit(study.ROOT))
+               tag_commit=study.tag_commit(study.ROOT),
+               first_tag_commit=study.tag_commit(study.ROOT, FIRST_TAG),
+               closed=args.closed)
   print(f'report: {args.out}')
   return 0
 
