@@ -136,32 +136,36 @@ def test_the_loss_snippet_runs(tmp_path):
 
 
 def test_study_v2_results_quote_its_report():
-  # Each README row linking study v2's report names an arm's config; its
-  # trained and random-init means (kNN / linear) and the seed count are the
-  # report's accuracy table's, as generated from the run records.
+  # One README row per study v2 arm, each linking the report and naming the
+  # arm's config and tuned value; its trained and random-init means (kNN /
+  # linear), the seed count and the budget are the generated report's.
   with open(os.path.join(ROOT, 'benchmarks', 'study_v2', 'REPORT.md')) as f:
     report = f.read()
   table = report.split('## Accuracy by arm (test split)')[1].split('\n## ')[0]
-  means = {}   # config path or row name -> (kNN mean, linear mean, seeds)
+  epochs = re.search(r'Finished final runs, (\d+) epochs', table).group(1)
+  arms = {}    # config path or row name -> (tuned value, kNN, linear, seeds)
   for line in table.splitlines():
     cells = line.strip('| ').split(' | ')
     if len(cells) == 5 and cells[0] != 'arm' and not line.startswith('|---'):
       key = cells[1].split(',')[0] if cells[1].startswith('configs/') else (
           cells[0])
-      means[key] = (cells[2].split(' ')[0], cells[3].split(' ')[0],
-                    int(cells[4]))
+      arms[key] = (cells[1].split(' ')[-1], cells[2].split(' ')[0],
+                   cells[3].split(' ')[0], int(cells[4]))
   rows = [l for l in _text().splitlines()
           if '(benchmarks/study_v2/REPORT.md)' in l and l.startswith('| ')]
-  assert len(rows) >= 5, rows
-  seeds = re.search(r'mean of (\d) seeds', rows[0])
-  for row in rows:
+  configs = [re.search(r'`(configs/\w+\.py)`', r).group(1) for r in rows]
+  assert sorted(configs) == sorted(k for k in arms if k.startswith('configs/'))
+  first = re.search(r'study v2, (\d+) epochs, mean of (\d) seeds', rows[0])
+  assert first, rows[0]
+  assert first.group(1) == epochs, rows[0]
+  rknn, rlinear = arms['random init'][1:3]
+  for row, config in zip(rows, configs):
+    value, knn, linear, n = arms[config]
     cells = row.strip('| ').split(' | ')
-    config = re.search(r'`(configs/\w+\.py)`', cells[0]).group(1)
-    knn, linear, n = means[config]
+    assert cells[0].endswith(f' {value})'), (row, value)
     assert cells[1] == f'{knn} / {linear}', row
-    rknn, rlinear, _ = means['random init']
     assert cells[2] == f'{rknn} / {rlinear}', row
-    assert int(seeds.group(1)) == n, row
+    assert int(first.group(2)) == n, row
 
 
 def test_readme_is_short_and_undated():

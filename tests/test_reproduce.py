@@ -725,12 +725,22 @@ def test_study_v2_analysis_matches_scipy():
   rows = {(r.cid, r.metric): r for r in analysis.claim_rows(short)}
   assert all(r.verdict == 'pending: 3 of 4 seeds complete' and
              r.stats.n == 4 for r in rows.values())
-  # A claim without runs: 'not run yet'.
+  # An imbalance claim none of whose imbalance runs is done: 'not run yet';
+  # one with some done but no complete seed: pending, 0 of 4.
+  del vals[('cacr_k1', 'exponential')]
+  rows = {(r.cid, r.metric): r for r in analysis.claim_rows(
+      _v2_records(vals))}
+  assert rows[('C7', 'knn')].verdict == 'pending: 0 of 4 seeds complete'
+  del vals[('ntxent', 'exponential')]
+  rows = {(r.cid, r.metric): r for r in analysis.claim_rows(
+      _v2_records(vals))}
+  assert rows[('C7', 'knn')].verdict == 'not run yet'
+  assert math.isnan(rows[('C7', 'knn')].p_holm)
+  # A balanced claim with an arm's final runs missing: pending.
   del vals[('cmc', '')]
   rows = {(r.cid, r.metric): r for r in analysis.claim_rows(
       _v2_records(vals))}
-  assert rows[('C5', 'knn')].verdict == 'not run yet'
-  assert math.isnan(rows[('C5', 'knn')].p_holm)
+  assert rows[('C5', 'knn')].verdict == 'pending: 0 of 4 seeds complete'
 
 
 def _v2_values_moco_at_random_init(rng, sd):
@@ -869,10 +879,11 @@ _V2_CLAIMS = {
 
 
 def _check_v2_report(base):
-  """Every number and verdict of `base`/REPORT.md's claims and gains,
+  """Every number, label and verdict of `base`/REPORT.md's claims, accuracy
+  and imbalance tables and gains, and its list of runs not done,
   recomputed with numpy/scipy from the records in `base`/results of the
   runs the report lists as done (records finished after it do not enter),
-  by PROTOCOL.md Sec. 7 and Amendment 3 as written there."""
+  by PROTOCOL.md Sec. 6-7 and Amendments 3-4 as written there."""
   from scipy import stats
   with open(os.path.join(base, 'REPORT.md')) as f:
     text = f.read()
@@ -926,7 +937,7 @@ def _check_v2_report(base):
   not_done = re.search(r'Not done \((\d+), in the driver\'s order\): '
                        r'([^.]*)\.', text)
   missing = planned - set(done)
-  closed = re.search(r'Closed with runs not made \(([^)]*)\)', text)
+  closed = re.search(r'Closed with runs not made \((.*?)\): the claims', text)
   if missing:
     assert int(not_done.group(1)) == len(missing)
     assert set(not_done.group(2).split(', ')) == missing
@@ -1035,7 +1046,12 @@ def _check_v2_report(base):
       if closed:
         want = f'untestable here: {ready} of 4 seeds made ({closed.group(1)})'
       else:
-        want = ('not run yet' if n == 0 else
+        # "not run yet" until a run of the claim's own stage is done (an
+        # imbalance claim's imbalance runs; the final runs otherwise).
+        own = ([(a, rule) for _, a, rule in _V2_CLAIMS[cid] if rule] or
+               [(a, rule) for _, a, rule in _V2_CLAIMS[cid]])
+        started = any(acc.get((a, rule, m)) for a, rule in own)
+        want = ('not run yet' if not started else
                 f'pending: {ready} of 4 seeds complete')
       assert row[6] == want, row
       p.append(1.)
@@ -1108,6 +1124,35 @@ def test_study_v2_closed_study_marks_claims_missing_runs_untestable(
     c4 = next(v for k, v in verdicts.items()
               if k[0].startswith('| C4 ') and k[1] == metric)
     assert c4 == 'untestable here: moco_v2 not above random init'
+  _check_v2_report(str(tmp_path))
+
+
+def test_study_v2_imbalance_run_without_balanced_scores_is_not_counted(
+    tmp_path):
+  # A driver stopped during an imbalance run's balanced evaluation records
+  # the run done without 'test_balanced': the report does not count it,
+  # says so, and its claims wait for that seed.
+  from benchmarks.study_v2 import analysis
+  vals = _v2_values_moco_at_random_init(np.random.default_rng(3), 0.01)
+  results = tmp_path / 'results'
+  results.mkdir()
+  for rec in _v2_records(vals):
+    rec['run_id'] = '__'.join(x for x in (rec['stage'], rec['arm'],
+                                          rec['tag'], f's{rec["seed"]}') if x)
+    if rec['run_id'] == 'imbalance__ntxent__linear__s1':
+      del rec['test_balanced']
+    rec['steps'], rec['invocations'] = 1170, []
+    (results / (rec['run_id'] + '.json')).write_text(json.dumps(rec))
+  text = analysis.write_report(str(results), str(tmp_path / 'REPORT.md'),
+                               tag_commit=None)
+  assert 'imbalance 15 of 16' in text
+  assert ('Recorded done without their balanced evaluation, so not counted '
+          '(rerun it, benchmarks/study_v2/README.md): '
+          'imbalance__ntxent__linear__s1.') in text
+  assert '| imbalance__ntxent__linear__s1 | done, no balanced evaluation |' \
+      in text
+  c6 = [l for l in text.splitlines() if l.startswith('| C6 ')]
+  assert all(' | pending: 3 of 4 seeds complete | ' in l for l in c6), c6
   _check_v2_report(str(tmp_path))
 
 

@@ -56,12 +56,24 @@ CLAIMS = [
     for cid, rule in (('C6', 'linear'), ('C7', 'exponential'))]
 
 
+def is_done(rec: dict) -> bool:
+  """A finished run with every score the analysis reads: an imbalance run
+  also needs its balanced-bank scores (a driver stopped during its
+  balanced evaluation records the run done without them)."""
+  if rec.get('status') != 'done':
+    return False
+  if rec['stage'] == 'imbalance':
+    scores = (rec.get('test_balanced') or {}).get('trained') or {}
+    return all(scores.get(m) is not None for m in METRICS)
+  return True
+
+
 def per_seed(records: list[dict]) -> dict[tuple[str, str, str], dict]:
   """(arm, rule, metric) -> {seed: accuracy %} of the finished final and
   imbalance runs; ('baselines', '', metric) is the random-init encoder."""
   out: dict = {}
   for rec in records:
-    if rec.get('status') != 'done' or rec['stage'] not in ('final',
+    if not is_done(rec) or rec['stage'] not in ('final',
                                                            'imbalance'):
       continue
     if rec['stage'] == 'imbalance':
@@ -154,12 +166,16 @@ def claim_rows(records: list[dict], closed: str | None = None) -> list[Row]:
   rows = []
   for (cid, claim, terms, m), s, k, c, ph, pt, pth in zip(
       keys, st, ready, complete, holm, tost, tost_holm):
+    # Started: any run of the claim's own stage (its imbalance runs, for an
+    # imbalance claim) has finished.
+    own = [t for _, t in terms if t[1]] or [t for _, t in terms]
+    started = any(data.get((arm, rule, m)) for arm, rule in own)
     if not c:
       if closed:
         verdict = (f'untestable here: {k} of {PLANNED_SEEDS} seeds made '
                    f'({closed})')
       else:
-        verdict = ('not run yet' if s.n == 0 else
+        verdict = ('not run yet' if not started else
                    f'pending: {k} of {PLANNED_SEEDS} seeds complete')
       rows.append(Row(cid, claim, m, s, math.nan, verdict, math.nan,
                       math.nan))
@@ -206,7 +222,7 @@ def imbalance_rows(records: list[dict]) -> list[tuple[str, str, dict]]:
   ('imbalanced', reported beside), and the drop from the same seeds'
   balanced-data final run (balanced bank; a `reproduce.Paired`)."""
   data = per_seed(records)
-  runs = sorted((r for r in records if r.get('status') == 'done'
+  runs = sorted((r for r in records if is_done(r)
                  and r['stage'] == 'imbalance'), key=lambda r: r['seed'])
   rows = []
   for rule in study.IMBALANCE_RULES:
@@ -344,17 +360,24 @@ def progress(records: list[dict], closed: str | None = None) -> str:
   """How many of the planned final and imbalance runs are done, and which
   are not; `closed`: why the study stopped with runs not made."""
   planned = planned_runs()
-  done_ids = {r['run_id'] for r in records if r.get('status') == 'done'}
+  done_ids = {r['run_id'] for r in records if is_done(r)}
+  unscored = sorted(r['run_id'] for r in records
+                    if r.get('status') == 'done' and not is_done(r))
   text = ', '.join(f'{stage} {sum(i in done_ids for i in ids)} of {len(ids)}'
                    for stage, ids in planned.items())
   missing = [i for ids in planned.values() for i in ids if i not in done_ids]
+  repair = ''
+  if unscored:
+    repair = (f' Recorded done without their balanced evaluation, so not '
+              f'counted (rerun it, benchmarks/study_v2/README.md): '
+              f'{", ".join(unscored)}.')
   if not missing:
     return f'Runs done: {text} (complete).'
   state = (f'Closed with runs not made ({closed}): the claims that need them '
            'are untestable here.' if closed else
            'Interim: the study is still running.')
   return (f'Runs done: {text}. {state} Not done ({len(missing)}, in the '
-          f'driver\'s order): {", ".join(missing)}.')
+          f'driver\'s order): {", ".join(missing)}.{repair}')
 
 
 def load_all(results_dir: str) -> list[dict]:
@@ -397,7 +420,8 @@ def reading_text(records: list[dict]) -> str:
           'Fashion-MNIST for a few epochs, far from the papers\' (ResNets, '
           'hundreds of epochs, CIFAR or ImageNet); a verdict here is about '
           'this setting. ')
-  if acc['random init']['linear'] and acc['raw pixels']['linear']:
+  if (acc['random init']['linear'] and acc['raw pixels']['linear'] and
+      mean(acc['raw pixels']['linear']) > mean(acc['random init']['linear'])):
     text += (
         'The random-init encoder\'s pooled features score '
         f'{mean(acc["random init"]["knn"]):.2f} kNN / '
@@ -544,8 +568,11 @@ def write_report(results_dir: str, path: str, *, tag_commit: str | None,
       cells.append(f'{i["commit"][:7]}, {i["resumed_from_step"]}, '
                    f'{i.get("reached_step")}, {i.get("wall_seconds")}, '
                    f'{i.get("cpu_seconds")}, {outcome}')
-    lines.append(f'| {rec["run_id"]} | {rec.get("status")} | ' +
-                 '; '.join(cells) + ' |')
+    status = rec.get('status')
+    if status == 'done' and not is_done(rec):
+      status = 'done, no balanced evaluation'
+    lines.append(f'| {rec["run_id"]} | {status} | ' + '; '.join(cells) +
+                 ' |')
   cpu = sum(i.get('cpu_seconds') or 0 for rec in records
             for i in rec.get('invocations', []))
   text = (f'CPU time of all runs so far: {"at least " if killed else ""}'
@@ -556,21 +583,23 @@ def write_report(results_dir: str, path: str, *, tag_commit: str | None,
   text += ('. Invocations not at the tag or on a dirty tree: '
            f'{", ".join(sorted(set(off_tag))) or "none"}.')
   if first_tag:
-    text += (f' At the first tag, `{FIRST_TAG}` (the first budget pilot, '
-             'before Amendment 1 moved every later run to '
-             f'`{study.STUDY_TAG}`): {", ".join(sorted(set(first_tag)))}. '
-             'The configs\' recipe pilot is one; the pilots\' random-init '
-             'encoder (both pilot tables and the budget statement read it) '
-             'is the other')
+    base_run, configs_pilot = study.pilot_runs()
     knn = lambda run: (((study.load_record(results_dir, run) or {}).get(
         'validation') or {}).get('random_init') or {}).get('knn')
-    first, later = (knn(study.pilot_runs()[0]), knn(study.recipe_runs()[0]))
+    first, later = knn(base_run), knn(study.recipe_runs()[0])
+    base_role = ('the pilots\' random-init encoder, which both pilot tables '
+                 'and the budget statement read')
     if first is not None and later is not None:
-      text += (f': its validation kNN, {100 * first:.2f}, '
-               f'{"equals" if first == later else "differs from"} the '
-               f'same encoder\'s at `{study.STUDY_TAG}` '
-               f'(`{study.recipe_runs()[0].run_id}`), {100 * later:.2f}')
-    text += '.'
+      base_role += (f' (its validation kNN, {100 * first:.2f}, '
+                    f'{"equals" if first == later else "differs from"} the '
+                    f'same encoder\'s at `{study.STUDY_TAG}`, '
+                    f'`{study.recipe_runs()[0].run_id}`: {100 * later:.2f})')
+    roles = {base_run.run_id: base_role,
+             configs_pilot.run_id: 'the configs\' recipe pilot'}
+    text += (f' At the first tag, `{FIRST_TAG}` (before Amendment 1 moved '
+             f'every later run to `{study.STUDY_TAG}`): ' + '; '.join(
+                 f'{run_id}, {roles.get(run_id, "not read by the report")}'
+                 for run_id in sorted(set(first_tag))) + '.')
 
   lines += ['', text, '']
   text = '\n'.join(lines)
@@ -588,6 +617,11 @@ def main(argv=None) -> int:
                  help='the study stopped with runs not made: why (the '
                  'claims missing runs become "untestable here")')
   args = p.parse_args(argv)
+  if args.closed is not None and (not args.closed.strip() or any(
+      c in args.closed for c in '|()\n')):
+    p.error('--closed: a short reason without "|", parentheses or line '
+            'breaks (it goes into the report\'s table cells), e.g. '
+            '--closed="CPU budget spent".')
   write_report(args.results_dir, args.out,
                tag_commit=study.tag_commit(study.ROOT),
                first_tag_commit=study.tag_commit(study.ROOT, FIRST_TAG),
