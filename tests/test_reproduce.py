@@ -1092,23 +1092,35 @@ def _check_v2_report(base):
     assert row[7] == f'{reproduce._p(pth)} ({label})', row  # pylint: disable=protected-access
 
 
-def test_study_v2_closed_study_marks_claims_missing_runs_untestable(
-    tmp_path):
-  # A study stopped with runs not made (PROTOCOL.md Sec. 6): the claims
-  # missing a run are "untestable here" with the reason, the report lists
-  # the runs, and the complete claims keep their verdicts.
-  from benchmarks.study_v2 import analysis
+def _write_v2_study(tmp_path, skip=(), unscored=()):
+  """A synthetic study v2 (`_v2_values_moco_at_random_init`: moco_v2 at the
+  random-init level) written as run records into tmp_path/results, less the
+  runs in `skip`; the imbalance runs in `unscored` lack their balanced-bank
+  scores. Returns the results directory."""
   vals = _v2_values_moco_at_random_init(np.random.default_rng(3), 0.01)
   results = tmp_path / 'results'
   results.mkdir()
   for rec in _v2_records(vals):
     rec['run_id'] = '__'.join(x for x in (rec['stage'], rec['arm'],
                                           rec['tag'], f's{rec["seed"]}') if x)
-    if rec['run_id'] in ('final__cmc__s3', 'imbalance__cacr_k1__linear__s2'):
+    if rec['run_id'] in skip:
       continue
+    if rec['run_id'] in unscored:
+      del rec['test_balanced']
     rec['steps'], rec['invocations'] = 1170, []
     (results / (rec['run_id'] + '.json')).write_text(json.dumps(rec))
-  text = analysis.write_report(str(results), str(tmp_path / 'REPORT.md'),
+  return str(results)
+
+
+def test_study_v2_closed_study_marks_claims_missing_runs_untestable(
+    tmp_path):
+  # A study stopped with runs not made (PROTOCOL.md Sec. 6): the claims
+  # missing a run are "untestable here" with the reason, the report lists
+  # the runs, and the complete claims keep their verdicts.
+  from benchmarks.study_v2 import analysis
+  results = _write_v2_study(tmp_path, skip=('final__cmc__s3',
+                                            'imbalance__cacr_k1__linear__s2'))
+  text = analysis.write_report(results, str(tmp_path / 'REPORT.md'),
                                tag_commit=None, closed='CPU budget spent')
   assert ('Closed with runs not made (CPU budget spent): the claims that '
           'need them are untestable here. Not done (2, in the driver\'s '
@@ -1133,17 +1145,9 @@ def test_study_v2_imbalance_run_without_balanced_scores_is_not_counted(
   # the run done without 'test_balanced': the report does not count it,
   # says so, and its claims wait for that seed.
   from benchmarks.study_v2 import analysis
-  vals = _v2_values_moco_at_random_init(np.random.default_rng(3), 0.01)
-  results = tmp_path / 'results'
-  results.mkdir()
-  for rec in _v2_records(vals):
-    rec['run_id'] = '__'.join(x for x in (rec['stage'], rec['arm'],
-                                          rec['tag'], f's{rec["seed"]}') if x)
-    if rec['run_id'] == 'imbalance__ntxent__linear__s1':
-      del rec['test_balanced']
-    rec['steps'], rec['invocations'] = 1170, []
-    (results / (rec['run_id'] + '.json')).write_text(json.dumps(rec))
-  text = analysis.write_report(str(results), str(tmp_path / 'REPORT.md'),
+  results = _write_v2_study(tmp_path,
+                            unscored=('imbalance__ntxent__linear__s1',))
+  text = analysis.write_report(results, str(tmp_path / 'REPORT.md'),
                                tag_commit=None)
   assert 'imbalance 15 of 16' in text
   assert ('Recorded done without their balanced evaluation, so not counted '
@@ -1166,16 +1170,9 @@ def test_study_v2_report_check_reads_a_complete_study(tmp_path):
   # and one changed digit in it fails.
   from benchmarks.study_v2 import analysis
   # moco_v2 at the random-init level: C4 is untestable (Amendment 3).
-  vals = _v2_values_moco_at_random_init(np.random.default_rng(3), 0.01)
-  results = tmp_path / 'results'
-  results.mkdir()
-  for rec in _v2_records(vals):
-    rec['run_id'] = '__'.join(x for x in (rec['stage'], rec['arm'],
-                                          rec['tag'], f's{rec["seed"]}') if x)
-    rec['steps'], rec['invocations'] = 1170, []
-    (results / (rec['run_id'] + '.json')).write_text(json.dumps(rec))
+  results = _write_v2_study(tmp_path)
   report = str(tmp_path / 'REPORT.md')
-  text = analysis.write_report(str(results), report, tag_commit=None)
+  text = analysis.write_report(results, report, tag_commit=None)
   assert 'final 32 of 32, imbalance 16 of 16 (complete)' in text
   assert '| untestable here: moco_v2 not above random init |' in text
   _check_v2_report(str(tmp_path))
