@@ -241,14 +241,13 @@ def imbalance_rows(records: list[dict]) -> list[tuple[str, str, dict]]:
 
 
 def _mean_sd(values: list[float]) -> str:
-  """'mean ± sample sd' of the seeds' accuracies; '-' with none."""
-  if not values:
+  """'mean ± sample sd' of the seeds' accuracies (`reproduce.Cell`, whose
+  seed count the tables give in a column of their own); '-' with none."""
+  cell = reproduce.Cell(values)
+  if not cell.n:
     return '-'
-  mean = sum(values) / len(values)
-  if len(values) == 1:
-    return f'{mean:.2f}'
-  sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-  return f'{mean:.2f} ± {sd:.2f}'
+  return f'{cell.mean:.2f}' if cell.n == 1 else (
+      f'{cell.mean:.2f} ± {cell.std:.2f}')
 
 
 def gains(records: list[dict]) -> list[tuple[str, str, reproduce.Paired]]:
@@ -415,7 +414,7 @@ def reading_text(records: list[dict]) -> str:
   """What a reader needs beside the verdicts (the setting, the baselines,
   the interim tables)."""
   acc = {row: a for row, _, a in accuracy_rows(records)}
-  mean = lambda v: sum(v) / len(v) if v else math.nan
+  mean = lambda v: reproduce.Cell(v).mean
   text = ('Reading these results: the setting is a small CNN on '
           'Fashion-MNIST for a few epochs, far from the papers\' (ResNets, '
           'hundreds of epochs, CIFAR or ImageNet); a verdict here is about '
