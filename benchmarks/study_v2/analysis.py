@@ -56,6 +56,13 @@ CLAIMS = [
     for cid, rule in (('C6', 'linear'), ('C7', 'exponential'))]
 
 
+def _scores(rec: dict | None, split: str, encoder: str) -> dict:
+  """A record's `{metric: accuracy}` for one split ('validation', 'test',
+  'test_balanced') and encoder ('trained', 'random_init'); empty where the
+  record, the split or the encoder is missing."""
+  return ((rec or {}).get(split) or {}).get(encoder) or {}
+
+
 def is_done(rec: dict) -> bool:
   """A finished run with every score the analysis reads: an imbalance run
   also needs its balanced-bank scores (a driver stopped during its
@@ -63,7 +70,7 @@ def is_done(rec: dict) -> bool:
   if rec.get('status') != 'done':
     return False
   if rec['stage'] == 'imbalance':
-    scores = (rec.get('test_balanced') or {}).get('trained') or {}
+    scores = _scores(rec, 'test_balanced', 'trained')
     return all(scores.get(m) is not None for m in METRICS)
   return True
 
@@ -73,17 +80,16 @@ def per_seed(records: list[dict]) -> dict[tuple[str, str, str], dict]:
   imbalance runs; ('baselines', '', metric) is the random-init encoder."""
   out: dict = {}
   for rec in records:
-    if not is_done(rec) or rec['stage'] not in ('final',
-                                                           'imbalance'):
+    if not is_done(rec) or rec['stage'] not in ('final', 'imbalance'):
       continue
     if rec['stage'] == 'imbalance':
-      scores, rule = rec.get('test_balanced', {}).get('trained'), rec['tag']
+      scores, rule = _scores(rec, 'test_balanced', 'trained'), rec['tag']
     elif rec['arm'] == 'baselines':
-      scores, rule = rec['test'].get('random_init'), ''
+      scores, rule = _scores(rec, 'test', 'random_init'), ''
     else:
-      scores, rule = rec['test'].get('trained'), ''
+      scores, rule = _scores(rec, 'test', 'trained'), ''
     for metric in METRICS:
-      if scores and scores.get(metric) is not None:
+      if scores.get(metric) is not None:
         out.setdefault((rec['arm'], rule, metric), {})[rec['seed']] = (
             100 * scores[metric])
   return out
@@ -280,7 +286,7 @@ def tune_table(results_dir: str, epochs: int, recipe) -> str:
            '| arm | value | kNN | linear | chosen |', '|---|---|---|---|---|']
   for run in study.tune_runs(epochs, recipe):
     rec = study.load_record(results_dir, run) or {}
-    score = ((rec.get('validation') or {}).get('trained') or {}
+    score = (_scores(rec, 'validation', 'trained')
              if rec.get('status') == 'done' else {})
     value = dict(run.overrides)[study.ARMS[run.arm][2]]
     mark = 'yes' if chosen.get(run.arm) == value else ''
@@ -295,7 +301,7 @@ def budget_text(results_dir: str, records: list[dict], recipe) -> str:
   base_run, sim_run = study.pilot_runs(study.PILOT_EPOCHS, recipe)
   sim = study.load_record(results_dir, sim_run) or {}
   base = study.load_record(results_dir, base_run) or {}
-  rand = ((base.get('validation') or {}).get('random_init') or {}).get('knn')
+  rand = _scores(base, 'validation', 'random_init').get('knn')
   curve = sim.get('curve') or []
   e, e_t = _epochs(records, 'final'), _epochs(records, 'tune')
   if not curve or rand is None:
@@ -330,12 +336,12 @@ def budget_text(results_dir: str, records: list[dict], recipe) -> str:
   text += f'Tuning: {e_t if e_t is not None else "-"} epochs.'
   # Amendment 2: the gain at the budget, from the run scheduled for it.
   rec_base, *rec_runs = study.recipe_runs()
-  r_rand = (((study.load_record(results_dir, rec_base) or {}).get(
-      'validation') or {}).get('random_init') or {}).get('knn')
+  r_rand = _scores(study.load_record(results_dir, rec_base), 'validation',
+                   'random_init').get('knn')
   if recipe is not None:
     run = rec_runs[study.RECIPES.index(recipe)]
     rec = study.load_record(results_dir, run) or {}
-    knn = ((rec.get('validation') or {}).get('trained') or {}).get('knn')
+    knn = _scores(rec, 'validation', 'trained').get('knn')
     if knn is not None and r_rand is not None and e == study.RECIPE_EPOCHS:
       text += (f' At that budget the trained NT-Xent encoder beat the '
                f'random-init encoder by {100 * (knn - r_rand):+.2f} kNN '
@@ -583,8 +589,8 @@ def write_report(results_dir: str, path: str, *, tag_commit: str | None,
            f'{", ".join(sorted(set(off_tag))) or "none"}.')
   if first_tag:
     base_run, configs_pilot = study.pilot_runs()
-    knn = lambda run: (((study.load_record(results_dir, run) or {}).get(
-        'validation') or {}).get('random_init') or {}).get('knn')
+    knn = lambda run: _scores(study.load_record(results_dir, run),
+                              'validation', 'random_init').get('knn')
     first, later = knn(base_run), knn(study.recipe_runs()[0])
     base_role = ('the pilots\' random-init encoder, which both pilot tables '
                  'and the budget statement read')
