@@ -5,6 +5,11 @@ and the last `max_to_keep` checkpoints are kept. Orbax writes each step to a
 temporary directory and renames it when complete, so a run killed mid-save
 leaves at most an unfinished directory that is never listed; a finished but
 unreadable checkpoint is skipped with a warning in favour of the one before.
+A run never loses its progress silently: `save` refuses a state with a
+non-finite value and raises when Orbax declines to write a step, and
+`restore_latest` raises when checkpoints exist but none fits the state
+(a new run in that workdir would stop writing checkpoints until it passed
+the newest step on disk).
 
 Replicated arrays are written by one replica each, except large ones:
 orbax's replica-parallel saving cuts every replicated array into one slice
@@ -52,21 +57,87 @@ def create_manager(workdir: str, *, max_to_keep: int = 3
       item_handlers=_handler())
 
 
+@jax.jit
+def _all_finite(leaves):
+  return [jnp.all(jnp.isfinite(x)) for x in leaves]
+
+
+def nonfinite_leaves(tree) -> list[str]:
+  """The paths of `tree`'s floating-point leaves holding a NaN or inf."""
+  floats = [(path, x) for path, x in jax.tree.leaves_with_path(tree)
+            if jnp.issubdtype(x.dtype, jnp.inexact)]
+  # Each flag is replicated, so every process fetches the same answer.
+  finite = jax.device_get(_all_finite([x for _, x in floats]))
+  return [jax.tree_util.keystr(path)
+          for (path, _), ok in zip(floats, finite) if not ok]
+
+
 def save(manager: ocp.CheckpointManager, step: int, state) -> None:
-  manager.save(step, args=ocp.args.PyTreeSave(state))
+  """Starts writing `state` as checkpoint `step` (asynchronously).
+
+  Raises:
+    FloatingPointError: `state` holds a NaN or inf (nothing is written, so
+      every checkpoint on disk can be resumed from).
+    RuntimeError: Orbax declined to write `step` (a checkpoint at this or
+      a later step is already on disk).
+  """
+  if bad := nonfinite_leaves(state):
+    raise FloatingPointError(
+        f'the state at step {step} is not finite ({", ".join(bad[:4])}'
+        f'{", ..." if len(bad) > 4 else ""}); stopping without saving it. '
+        f'The last good checkpoint in {manager.directory} is kept.')
+  if not manager.save(step, args=ocp.args.PyTreeSave(state)):
+    raise RuntimeError(
+        f'checkpoint step {step} was not written: {manager.directory} '
+        f'already holds steps {sorted(manager.all_steps())}. Move them away '
+        'or use another --workdir.')
 
 
-def _restore_first_readable(manager: ocp.CheckpointManager, steps, args):
+def _names(path) -> tuple:
+  """A tree path as plain names: a saved TrainState's fields come back from
+  the checkpoint's metadata as dict keys."""
+  return tuple(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))
+               for k in path)
+
+
+def _shape_mismatches(manager: ocp.CheckpointManager, step: int,
+                      target) -> list[str]:
+  """The leaves of `target` whose shape differs from checkpoint `step`'s,
+  read from its metadata (a restore that fails part-way leaves Orbax's
+  pending reads behind, and its error does not name the leaf)."""
+  try:
+    stored = {_names(path): getattr(leaf, 'shape', None) for path, leaf in
+              jax.tree.leaves_with_path(manager.item_metadata(step))}
+  except Exception:  # pylint: disable=broad-except
+    return []   # No metadata to compare with: the restore will tell.
+  out = []
+  for path, leaf in jax.tree.leaves_with_path(target):
+    saved = stored.get(_names(path))
+    if saved is not None and tuple(saved) != tuple(leaf.shape):
+      out.append(f'{jax.tree_util.keystr(path)} is {tuple(saved)} there, '
+                 f'{tuple(leaf.shape)} here')
+  return out
+
+
+def _restore_first_readable(manager: ocp.CheckpointManager, steps, args,
+                            target=None):
   """Restores the first of `steps` that reads: (tree, step, errors), tree
-  and step None when none does; each unreadable one is warned about."""
+  and step None when none does; each unreadable one is warned about. With
+  `target`, a checkpoint whose shapes differ from it is not read."""
   errors = []
   for step in steps:
-    try:
-      return manager.restore(step, args=args), step, errors
-    except Exception as e:  # pylint: disable=broad-except
-      logging.warning('Checkpoint at step %d is unreadable (%s: %s); trying '
-                      'the previous one.', step, type(e).__name__, e)
-      errors.append(f'step {step}: {type(e).__name__}: {e}')
+    if target is not None and (bad := _shape_mismatches(manager, step,
+                                                         target)):
+      error = f'step {step}: shapes differ: {"; ".join(bad[:4])}'
+    else:
+      try:
+        return manager.restore(step, args=args), step, errors
+      except Exception as e:  # pylint: disable=broad-except
+        # The first sentence: Orbax's advice after it (padding and
+        # truncation) would silently change the state.
+        error = f'step {step}: {type(e).__name__}: {str(e).split(". ")[0]}'
+    logging.warning('Checkpoint %s; trying the previous one.', error)
+    errors.append(error[:400])
   return None, None, errors
 
 
@@ -81,12 +152,27 @@ def restore_latest(manager: ocp.CheckpointManager, target):
   Returns:
     (state, step): the restored state and its step, or (target, None) when
     there is no checkpoint.
+
+  Raises:
+    ValueError: there are checkpoints and none restores into `target`.
+      The config is checked against the workdir's before this
+      (workdir.check_config), so the usual cause is a state whose shapes
+      depend on the device count: a memory bank's rows are padded to a
+      multiple of it (memory_bank.bank_rows).
   """
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
-  state, step, _ = _restore_first_readable(
+  state, step, errors = _restore_first_readable(
       manager, sorted(manager.all_steps(), reverse=True),
       ocp.args.PyTreeRestore(abstract, restore_args=(
-          ocp.checkpoint_utils.construct_restore_args(abstract))))
+          ocp.checkpoint_utils.construct_restore_args(abstract))), abstract)
+  if step is None and errors:
+    raise ValueError(
+        f'no checkpoint in {manager.directory} restores into this run\'s '
+        f'state ({"; ".join(errors)}). A checkpoint resumes only the run '
+        'that wrote it: the same config, the same training data and, with a '
+        'memory bank, the same number of devices (its rows are padded to a '
+        'multiple of it). Resume as it was written, or start over in a new '
+        '--workdir.')
   if step is None:
     return target, None
   logging.info('Resumed from the checkpoint at step %d.', step)

@@ -714,7 +714,7 @@ def open_split(dataset_config, split: str,
 
 
 # --------------------------------------------------------------------------
-# What a run checks about its splits (train.load_data): bad records, classes.
+# What a run checks about its splits (data.load): bad records, classes.
 # --------------------------------------------------------------------------
 
 def check_skipped(what: str, skipped: dict[int, str], size: int,

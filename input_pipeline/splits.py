@@ -1,6 +1,6 @@
 """Dataset variants from the config: a validation holdout and class imbalance.
 
-Pure functions on `pipeline.ArrayDataset`; `train.load_data` is their only
+Pure functions on `pipeline.ArrayDataset`; `data.load` is their only
 caller in the training job, through `prepare_train`.
 
 * Validation holdout (`config.dataset.validation_size`): a fixed, stratified
