@@ -290,6 +290,7 @@ class Ours:
     from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
     from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
     from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
+    from contrastive_jax import train  # pylint: disable=g-import-not-at-top
     from input_pipeline import augment  # pylint: disable=g-import-not-at-top
     from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
     from input_pipeline import sources  # pylint: disable=g-import-not-at-top
@@ -302,11 +303,11 @@ class Ours:
     dc = config.dataset
     mesh = runtime.create_mesh()
     rows = NamedSharding(mesh, P('data'))
-    replicated = NamedSharding(mesh, P())
     self.source = sources.ImageFolder(dc.data_dir, 'train',
                                       image_size=dc.image_size,
                                       fit=sources.source_fit(dc))
-    # From here as contrastive_jax/train.py's train_and_evaluate.
+    # From here as contrastive_jax/train.py's train_and_evaluate, with its
+    # own functions for the keys and the jitted augmentation.
     views = augment.build_views(config.augment.preset,
                                 config.augment.num_views,
                                 config.augment.overrides,
@@ -315,12 +316,8 @@ class Ours:
     self.batches = pipeline.TrainBatches(
         self.source, global_batch_size=batch, seed=config.seed, sharding=rows,
         num_workers=dc.num_workers, fit=self.fit)
-    aug_rng = jax.random.split(jax.random.key(config.seed), 3)[1]
-    self.augment_fn = jax.jit(lambda step, images: augment.augment_groups(
-        jax.random.fold_in(aug_rng, step), images, views,
-        host_cropped=isinstance(self.fit, sources.RandomCrops)),
-                              in_shardings=(replicated, rows),
-                              out_shardings=rows)
+    _, aug_rng, _ = train.seed_keys(config.seed)
+    self.augment_fn = train.make_augment_fn(views, self.fit, mesh, aug_rng)
     self.batch, self.num_views = batch, num_views
     t0 = time.perf_counter()
     self._resident = self.batches(0)['image']

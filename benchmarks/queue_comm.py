@@ -16,7 +16,7 @@ queue by rows over 'data'), compiled for 8 devices in two layouts:
   the whole [Q, D] queue for it on every step. This variant is rebuilt here by
   swapping that old `enqueue` into `state_lib` (it exists only in this file
   and in tests/test_queue_sharding.py, not in the library);
-* sharded (now): `state.enqueue` scatters the B new rows, which each device
+* sharded (now): `moco.enqueue` scatters the B new rows, which each device
   applies to the rows it owns. The queue logits are computed where the queue
   rows live: the [B, D] queries are all-gathered, each device forms its
   [B, Q / 8] logits, and the log-sum-exp is combined with all-reduces of
@@ -40,7 +40,7 @@ what carries over to a pod).
   all-gathers the whole [rows, D] bank for that gather on every step (29 MiB
   per device here, 625 MiB at ImageNet's 1.28M rows). Rebuilt here by
   swapping that old read (`gathered_bank_noise`) into `state_lib`;
-* sharded (now): `state.sample_bank_noise`, each device draws K / 8 rows per
+* sharded (now): `memory_bank.sample_bank_noise`, each device draws K / 8 rows per
   instance from its own shard, so the [B, K, D] noise stays sharded along K
   and only the small [B, D] embeddings and [B]-sized partial sums move.
 """
@@ -114,7 +114,7 @@ def gathered_bank_noise(bank, key, *, batch, num_negatives, num_examples,
                         mesh=None):
   """InsDis's noise read before the change (the 'gathered' variant only).
 
-  Same signature as `state.sample_bank_noise`: [batch, K] global row ids
+  Same signature as `memory_bank.sample_bank_noise`: [batch, K] global row ids
   drawn uniformly from [0, num_examples) and read with one `bank[ids]`,
   which XLA partitions by all-gathering the row-sharded bank.
   """

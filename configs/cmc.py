@@ -30,5 +30,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.augment.num_views = 4
   config.memory_bank.momentum = 0.5
   config.memory_bank.num_negatives = 4096
-  config.memory_bank.noise = 'shared'    # One sample per batch, as CMC's code.
+  # One [K, D] sample for the batch, the form the cmc loss takes.
+  config.memory_bank.noise = 'shared'
   return config

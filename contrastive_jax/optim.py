@@ -53,13 +53,14 @@ def learning_rate_schedule(config, total_steps: int) -> optax.Schedule:
         f"config.optimizer.schedule='cosine' only; got schedule {kind!r} "
         '(set cosine_final=0).')
   if kind == 'cosine' and not opt.warmup_fraction:
-    # No warmup configured (MoCo v2): the peak from step 0. (A warmup that
-    # rounds to 0 steps keeps optax's 1-step warmup, as runs always have.)
+    # No warmup configured (MoCo v2): the peak from step 0. (A nonzero
+    # warmup that rounds to 0 steps takes the branch below: one warmup step
+    # from the initial value.)
     return optax.cosine_decay_schedule(peak, max(total_steps, 1),
                                        alpha=float(final))
   if kind == 'cosine':
-    # warmup + 2: a run of 0 or 1 steps (the study's untrained baselines)
-    # still gets a valid schedule; from 2 steps on this is total_steps.
+    # warmup + 2: a run of 0 or 1 steps (an untrained baseline) still gets
+    # a valid schedule; from 2 steps on this is total_steps.
     return optax.warmup_cosine_decay_schedule(
         init_value=init, peak_value=peak, warmup_steps=max(warmup, 1),
         decay_steps=max(total_steps, warmup + 2), end_value=final * peak)

@@ -226,8 +226,8 @@ def alignment_uniformity(z: jax.Array, key: jax.Array | None
   """
   # The barrier keeps XLA from merging these ops with the loss's own (e.g.
   # one shared normalisation of z), which would reorder the loss's float
-  # arithmetic: with it, the step's numbers are those of a step without
-  # monitors, bit for bit (checked on configs/default.py).
+  # arithmetic: with it, the loss and gradients are computed as in a step
+  # without these monitors.
   z, key = jax.lax.optimization_barrier((z, key))
   out = {'uniformity': diagnostics.uniformity(z[:, 0])}
   partner = z[:, 1] if z.shape[1] > 1 else None if key is None else key[:, 0]

@@ -46,6 +46,28 @@ class Preempted(Exception):
   """SIGTERM (a pod preemption) was received; a checkpoint was saved."""
 
 
+def seed_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """A run's (init, augmentation, step) keys, all from `config.seed`."""
+  init_rng, aug_rng, step_rng = jax.random.split(jax.random.key(seed), 3)
+  return init_rng, aug_rng, step_rng
+
+
+def make_augment_fn(views, fit, mesh, aug_rng):
+  """augment_fn(step, images [B, H, W, C] uint8) -> views, jitted on `mesh`.
+
+  The images and the views are sharded along the batch like the step's
+  input. Step `step` draws from fold_in(aug_rng, step), so a resumed run
+  sees the views an uninterrupted one would have seen. With a host crop
+  (`sources.RandomCrops`) the devices skip only the crop.
+  """
+  rows, replicated = NamedSharding(mesh, P('data')), NamedSharding(mesh, P())
+  host_cropped = isinstance(fit, sources.RandomCrops)
+  return jax.jit(lambda step, images: augment.augment_groups(
+      jax.random.fold_in(aug_rng, step), images, views,
+      host_cropped=host_cropped),
+                 in_shardings=(replicated, rows), out_shardings=rows)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        data=None) -> dict[str, Any]:
   """Pretrains, evaluates and writes `workdir/results.json`.
@@ -65,7 +87,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   config, train_data, test_data = _prepare(config, workdir, data)
   splits = {'training data': train_data, 'evaluation data': test_data}
   mesh = runtime.create_mesh()
-  rows, replicated = NamedSharding(mesh, P('data')), NamedSharding(mesh, P())
+  rows = NamedSharding(mesh, P('data'))
   views = augment.build_views(config.augment.preset, config.augment.num_views,
                               config.augment.overrides, config.augment.op_order)
   # The source's square, or (full_image) each view's crop of the full image.
@@ -78,13 +100,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       config, mesh, total_steps=total_steps,
       steps_per_epoch=batches.steps_per_epoch, num_examples=len(train_data),
       image_shape=train_data.image_shape, num_classes=train_data.num_classes)
-  init_rng, aug_rng, step_rng = jax.random.split(jax.random.key(config.seed), 3)
-  # Per-step randomness is fold_in(key, step), so a resumed run draws the same
-  # views as an uninterrupted one. Views come as groups of equal size.
-  augment_fn = jax.jit(lambda step, images: augment.augment_groups(
-      jax.random.fold_in(aug_rng, step), images, views,
-      host_cropped=isinstance(fit, sources.RandomCrops)),
-                       in_shardings=(replicated, rows), out_shardings=rows)
+  init_rng, aug_rng, step_rng = seed_keys(config.seed)
+  augment_fn = make_augment_fn(views, fit, mesh, aug_rng)
   evals = evaluators.build(config)
   env = evaluators.Env(config, setup.model, mesh, train_data, test_data,
                        features.make_feature_fn(setup.model, mesh))

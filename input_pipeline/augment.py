@@ -283,8 +283,9 @@ def color_jitter(rng, image, *, amounts, p=0.8):
   `color_jitter(strength=s)` is amounts (0.8 s, 0.8 s, 0.8 s, 0.2 s)
   (`ViewConfig.jitter_amounts`). The ops are those of `jitter`.
   """
-  # The sixth key drew the ops' order, which does not change the result
-  # (`jitter`); it stays so the other draws are those of earlier versions.
+  # A sixth key is split off and unused (the ops commute, so no order is
+  # drawn): the other five stay the keys a seed has always given, so a
+  # seed's views do not change.
   k_apply, k_b, k_c, k_s, k_h, _ = jax.random.split(rng, 6)
   r_b, r_c, r_s, r_h = amounts
   u = lambda k, r: jax.random.uniform(k, (), minval=1 - r, maxval=1 + r)

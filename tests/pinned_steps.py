@@ -94,6 +94,7 @@ def run(name: str, on_first_step=None) -> dict:
   from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
   from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
   from contrastive_jax import step as step_lib  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
   from input_pipeline import augment  # pylint: disable=g-import-not-at-top
   config = tiny(name)
   images, labels = data()
@@ -106,11 +107,8 @@ def run(name: str, on_first_step=None) -> dict:
   views_cfg = augment.build_views(config.augment.preset,
                                   config.augment.num_views,
                                   config.augment.overrides)
-  init_rng, aug_rng, step_rng = jax.random.split(jax.random.key(0), 3)
-  augment_fn = jax.jit(
-      lambda step, x: augment.augment_groups(jax.random.fold_in(aug_rng, step),
-                                             x, views_cfg),
-      out_shardings=sharded)
+  init_rng, aug_rng, step_rng = train.seed_keys(0)
+  augment_fn = train.make_augment_fn(views_cfg, None, mesh, aug_rng)
   state = setup.init_fn(init_rng)
   losses, grad_norms = [], []
   for step in range(STEPS):

@@ -1,6 +1,6 @@
 """InsDis's noise rows are drawn where the memory bank's rows live (issue 11).
 
-`state.sample_bank_noise` draws, per instance, K / n rows on each of the n
+`memory_bank.sample_bank_noise` draws, per instance, K / n rows on each of the n
 devices from the data rows of that device's own bank shard (stratified
 sampling; its docstring argues why that is still NCE's uniform noise), and
 `state.bank_noise_indices` is the pure function naming the rows it reads.
@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 import numpy_reference as ref
 import test_train_step
 from benchmarks import queue_comm
+from configs import cmc as configs_cmc
 from contrastive_jax import runtime
 from contrastive_jax import config_lib
 from contrastive_jax import losses
@@ -303,6 +304,17 @@ def test_eight_devices_equal_one_device_fed_the_same_draws(monkeypatch):
 
 
 # --- (f) refused configurations --------------------------------------------
+
+def test_cmc_requires_the_shared_noise_sample():
+  # The cmc loss takes a [K, D] sample; per-instance noise ([B, K, D]) would
+  # fail only when the step is traced.
+  config = configs_cmc.get_config()
+  config_lib.validate(config, num_devices=8)
+  config.memory_bank.noise = 'per_instance'
+  with pytest.raises(ValueError, match=r"config.loss=cmc takes one noise "
+                     r".*set config.memory_bank.noise='shared'"):
+    config_lib.validate(config, num_devices=8)
+
 
 def test_k_must_be_divisible_by_the_devices():
   with pytest.raises(ValueError, match='num_negatives=60 is not divisible'):

@@ -117,7 +117,8 @@ def test_tcl_matches_reference(v, k1, k2, tau):
 def test_tcl_self_supervised_defaults_and_reference():
   z = rand(6, 3, 8, seed=13)
   loss, _ = J(supervised.tcl, z)
-  # tcl.md: self-supervised k1 = 1, k2 = 1.5, tau = 0.2 (V = 3, image ids).
+  # The thesis's self-supervised setting: k1 = 1, k2 = 1.5, tau = 0.2 (V = 3,
+  # image ids as labels).
   np.testing.assert_allclose(loss, ref.tcl(z, np.arange(6), 0.2, 1., 1.5),
                              **TOL)
   sup, _ = J(supervised.tcl, z, LABELS6)
@@ -139,7 +140,7 @@ def test_tcl_reduces_to_ntxent():
 
 
 def test_tcl_k1_k2_zero_is_not_supcon():
-  # tcl.md Sec. 4 item 3: the negatives vanish; L_i = lse_P(s/tau) -
+  # With k1 = k2 = 0 the negatives vanish: L_i = lse_P(s/tau) -
   # mean_P(s/tau). k2 must be > 0 in the API, so use a tiny k2.
   z = rand(6, 2, 8, seed=25)
   loss, _ = J(supervised.tcl, z, LABELS6, k1=0., k2=1e-30, temperature=0.1)
@@ -160,7 +161,7 @@ def test_tcl_monotone_in_k1_k2_and_above_supcon_and_bounds():
   for k1, k2 in [(1., 1.), (10., 1.), (10., 1.5), (0., 1.)]:
     vals[k1, k2] = J(supervised.tcl, z, LABELS6, k1=k1, k2=k2)[0]
   assert vals[0., 1.] < vals[1., 1.] < vals[10., 1.] < vals[10., 1.5]
-  # Lower bound L_i > log|P(i)| (tcl.md Sec. 4 item 13), averaged.
+  # The thesis's lower bound L_i > log|P(i)|, averaged.
   n_pos = np.array([np.sum(np.repeat(LABELS6, 2) == c) - 1
                     for c in np.repeat(LABELS6, 2)])
   assert vals[1., 1.] > np.mean(np.log(n_pos))
@@ -195,7 +196,7 @@ def test_tcl_gradient_and_invariances():
 
 def test_tcl_gradient_diagnostics():
   # Fig. 5.5/5.7 quantities: increasing k1 raises the positives' gradient
-  # coefficient and lowers the negatives' (tcl.md Sec. 4 item 10).
+  # coefficient and lowers the negatives' (the thesis's gradient analysis).
   z = rand(6, 2, 8, seed=29)
   _, lo = J(supervised.tcl, z, LABELS6, k1=10., k2=1.)
   _, hi = J(supervised.tcl, z, LABELS6, k1=5000., k2=1.)

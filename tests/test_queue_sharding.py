@@ -143,7 +143,7 @@ def _bank_traffic(hlo: str) -> list:
 def test_memory_bank_step_does_not_gather_the_bank(loss):
   # The bank is sharded by rows like the queue; no step may gather it whole.
   # InsDis draws its [B, K] noise rows per device from the device's own
-  # shard (state.sample_bank_noise); CMC's one shared [K] sample is read by
+  # shard (memory_bank.sample_bank_noise); CMC's one shared [K] sample is read by
   # a masked local gather and an all-reduce of the [K, D] rows.
   config = _config('insdis')
   if loss == 'cmc':

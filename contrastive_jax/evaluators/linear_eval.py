@@ -114,8 +114,10 @@ class LinearEvalConfig:
   C)), a zero bias) or 'torch_default' (PyTorch's `nn.Linear`: kernel and
   bias U(-1 / sqrt(F), 1 / sqrt(F)), F the features).
 
-  Every field's default is the behaviour before the field existed; the
-  dataclass checks its values when built (ValueError).
+  A field a preset leaves out takes the plain recipe's value (SGD with
+  momentum, every-step lr, no weight decay, zero-initialised classifier,
+  running BatchNorm statistics); the dataclass checks its values when
+  built (ValueError).
   """
   optimizer: str = 'sgd'            # 'sgd', 'adam' or 'rmsprop'
   lr: float = 0.1

@@ -133,7 +133,8 @@ def default_kwarg(name: str, kwarg: str):
   """The default of keyword argument `kwarg` in loss `name`'s signature.
 
   The loss's signature is the one place a default lives; callers that need it
-  outside a call (e.g. `train.Method` for JCL's lambda) read it from here.
+  outside a call (`step.Loss.from_config`: the base value of a scheduled
+  one, such as JCL's lambda) read it from here.
   """
   param = inspect.signature(get_loss(name)).parameters.get(kwarg)
   if param is None or param.default is inspect.Parameter.empty:

@@ -48,7 +48,7 @@ def align_uniform(z: jax.Array, *, alpha: float = 2., t: float = 2.,
                   uniform_weight: float = 1.) -> common.LossOutput:
   """Alignment + uniformity (Wang & Isola 2020, Sec. 4.1), "AU-CL".
 
-  Equations as in cacr.md Sec. 2.10 (the source paper is not in papers/):
+  The equations, as the CACR paper restates them for its AU-CL baseline:
 
     L_align(alpha) = E_{(x, x+)} ||f(x) - f(x+)||_2^alpha
     L_uniform(t)   = log E_{x, y iid} exp(-t ||f(x) - f(y)||_2^2)
@@ -109,8 +109,8 @@ def hard_negative(z: jax.Array, *, temperature: float = 0.5, beta: float = 1.,
                   tau_plus: float = 0.1) -> common.LossOutput:
   """Hard-negative contrastive loss (Robinson et al. 2021), "HN-CL".
 
-  Equations as in cacr.md Sec. 2.10 and the reference code (the source paper
-  is not in papers/).
+  The equations as the CACR paper restates them for its HN-CL baseline,
+  and the reference code.
 
   SimCLR layout: anchor i, positive p (another view of i), the K = (N-1) V
   views of other instances as negatives, l = cos / tau. The negatives' term is
@@ -128,7 +128,7 @@ def hard_negative(z: jax.Array, *, temperature: float = 0.5, beta: float = 1.,
   float32 at small tau).
 
   Defaults are the CACR paper's (tau = 0.5, beta = 1) and HCL's class prior
-  tau_plus = 0.1 (cacr.md Sec. 2.10, item 16). With beta = 0, tau_plus = 0
+  tau_plus = 0.1. With beta = 0, tau_plus = 0
   the floor never binds and, for V = 2, the loss is exactly NT-Xent.
 
   Args:
@@ -210,13 +210,13 @@ def dcl(z: jax.Array, *, temperature: float = 0.1,
   """Decoupled contrastive loss (Yeh et al. 2021), the MACL baseline.
 
   InfoNCE (MACL paper eq. 1) with the positive removed from the denominator
-  (macl.md Secs. 2.8 and 2.10): for anchor i, positive p and negative set
-  N(i), with l = cos / tau,
+  (Yeh et al.'s decoupling, as the MACL paper compares with it): for
+  anchor i, positive p and negative set N(i), with l = cos / tau,
 
     L_i = -l_ip + log sum_{n in N(i)} e^{l_in}.
 
-  Negative sets (`layout`), following macl.md Sec. 10 item 1 ("use the same
-  layout for every baseline"):
+  Negative sets (`layout`); a comparison with MACL uses one layout for every
+  baseline:
     * 'cross_view' (default; MACL's Eq. 1/14 and released code): for each
       ordered view pair (a, b), a != b, anchor z[i, a], positive z[i, b],
       negatives z[j, b], j != i (K = N - 1). For V = 2 this is the symmetric

@@ -145,7 +145,7 @@ def tcl(z: jax.Array, labels: jax.Array | None = None, *,
   (the negatives vanish). The thesis requires k1, k2 >= 1; any k1 >= 0,
   k2 > 0 is accepted so that the reductions can be used.
 
-  Defaults depend on the mode (tcl.md Sec. 0, 2.4, 7.6):
+  Defaults depend on the mode (the thesis's settings):
 
     | mode                         | k1   | k2  | tau |
     | supervised (labels given)    | 5000 | 1   | 0.1 |

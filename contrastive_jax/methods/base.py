@@ -11,7 +11,7 @@ A method decides how a batch of views becomes its loss's inputs. It owns:
     feeds the loss (`embedding`);
   * `update`: its state after the optimiser step (enqueue, bank write).
 
-`train.train_step` calls these in that order and never looks at a method's or
+`step.train_step` calls these in that order and never looks at a method's or
 a loss's name. A method is a frozen dataclass: it is a static argument of the
 jitted step, built once by `from_config`.
 

@@ -30,6 +30,7 @@ from contrastive_jax.methods import moco
 @dataclasses.dataclass(frozen=True)
 class Method(moco.Method):
   losses = ('byol',)
+  pairing = {'byol': 'same_slot'}   # Query view v with target slot v.
 
   @classmethod
   def validate(cls, config, num_devices: int) -> None:

@@ -7,8 +7,11 @@ instances as positives; after the step each instance's row moves towards the
 normalised mean of its views' embeddings with momentum (Sec. 3.3).
 
 Noise (`config.memory_bank.noise`): 'per_instance' draws K rows for every
-instance, [B, K, D] (lemniscate's NCEAverage); 'shared' draws one [K, D] set
-for the whole batch (CMC's released code).
+instance, [B, K, D], as InsDis's and CMC's released code (NCEAverage);
+'shared' draws one [K, D] set for the whole batch, the form the `cmc` loss
+takes: its softmax adds these rows to the in-batch negatives of every
+anchor (CMC's code instead draws K rows per instance and takes each
+positive from the other view's bank row; docs/configs.md, "cmc.py").
 """
 
 from __future__ import annotations
@@ -58,6 +61,12 @@ class Method(base.Method):
     if mb.noise not in ('per_instance', 'shared'):
       raise ValueError(f'config.memory_bank.noise={mb.noise!r}; known: '
                        'per_instance (InsDis), shared (CMC).')
+    if config.loss == 'cmc' and mb.noise != 'shared':
+      raise ValueError(
+          f'config.loss=cmc takes one noise sample shared by the batch '
+          f'([K, D] beside its in-batch negatives), not '
+          f'config.memory_bank.noise={mb.noise!r}; set '
+          "config.memory_bank.noise='shared' (configs/cmc.py does).")
     if 'key' in losses.inputs_of(config.loss)[0] and v != 1:
       raise ValueError(f'{config.loss} uses one view per instance (its '
                        'positive is the bank row); set '
@@ -67,7 +76,7 @@ class Method(base.Method):
           f'config.memory_bank.num_negatives={mb.num_negatives} is not '
           f'divisible by the {num_devices} devices: each device draws the '
           'same share of the per-instance noise rows from its own shard of '
-          'the memory bank (state.sample_bank_noise); use a multiple of '
+          'the memory bank (memory_bank.sample_bank_noise); use a multiple of '
           f'{num_devices}.')
 
   @classmethod
@@ -91,7 +100,7 @@ class Method(base.Method):
       # K rows per instance, [B, K, D]. Each device draws K / devices of
       # them from the data rows of its own bank shard and reads them there,
       # so the row-sharded bank is never gathered and the [B, K, D] rows stay
-      # sharded along K (see `state.sample_bank_noise` for why stratified
+      # sharded along K (see `sample_bank_noise` for why stratified
       # draws are still NCE's uniform noise).
       negatives = sample_bank_noise(
           bank, rng, batch=index.shape[0], num_negatives=self.num_negatives,
@@ -150,7 +159,7 @@ def _check_noise_shards(num_negatives: int, num_examples: int, num_rows: int,
   if num_rows % num_shards or not 0 < num_examples <= num_rows:
     raise ValueError(f'a bank of {num_rows} rows for {num_examples} examples '
                      f'cannot be split into {num_shards} equal shards '
-                     '(see train.bank_rows).')
+                     '(see bank_rows).')
   if num_negatives % num_shards:
     raise ValueError(
         f'config.memory_bank.num_negatives={num_negatives} is not divisible '
@@ -206,7 +215,7 @@ def sample_bank_noise(bank: jax.Array, key: jax.Array, *, batch: int,
   """InsDis's noise: [batch, K, D] bank rows, K per instance, drawn locally.
 
   The bank is sharded by rows over the mesh axis 'data' (n devices, n equal
-  shards; rows >= num_examples are padding at the end, see train.bank_rows).
+  shards; rows >= num_examples are padding at the end, see bank_rows).
   Each device draws, for every instance, K / n row ids uniformly (with
   replacement) from the data rows of its OWN shard, with the key folded with
   its shard index, and reads them from its shard (a `jax.shard_map`). The

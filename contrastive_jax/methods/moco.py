@@ -14,7 +14,7 @@ encoder's projections.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import flax
 import jax
@@ -31,6 +31,23 @@ from contrastive_jax.methods import base
 
 # What enters the queue after a step (config.moco.enqueue_keys).
 ENQUEUE_KEYS = ('first', 'last', 'mean', 'all')
+
+
+def positive_pairs(rule: str, num_query: int, num_key: int
+                   ) -> list[tuple[int, int]]:
+  """The (query slot, key slot) pairs a loss takes as positives.
+
+  The losses see the views in slots (`query_views[a]` in query slot a,
+  `key_views[b]` in key slot b) and pair them by one of three rules, as
+  their docstrings say: 'other_slot' (infonce, cacr: slot a with every key
+  slot b != a, or with the one key slot when there is one), 'every_slot'
+  (jcl: every key slot is a positive of every query) and 'same_slot'
+  (byol: slot v with slot v).
+  """
+  if rule == 'same_slot':
+    return [(v, v) for v in range(min(num_query, num_key))]
+  return [(a, b) for a in range(num_query) for b in range(num_key)
+          if rule == 'every_slot' or num_key == 1 or a != b]
 
 
 @flax.struct.dataclass
@@ -53,6 +70,9 @@ class Method(base.Method):
   momentum: Any = None            # Schedule step -> m (schedules.build).
   predictor_hidden_dim: int = 0   # > 0: MoCo v3's predictor on the queries.
   losses = ('infonce', 'jcl', 'cacr')
+  # How each loss pairs query and key slots (`positive_pairs`).
+  pairing: ClassVar[dict[str, str]] = {
+      'infonce': 'other_slot', 'cacr': 'other_slot', 'jcl': 'every_slot'}
 
   @property
   def embedding(self) -> str:
@@ -85,6 +105,19 @@ class Method(base.Method):
         raise ValueError(f'config.moco.{name}={views} must be a non-empty '
                          f'list of view ids in [0, {v}) '
                          f'(config.augment.num_views={v}).')
+    qv, kv = tuple(mc.query_views), tuple(mc.key_views)
+    rule = cls.pairing[config.loss]
+    same = sorted({qv[a] for a, b in positive_pairs(rule, len(qv), len(kv))
+                   if qv[a] == kv[b]})
+    if same:
+      raise ValueError(
+          f'config.moco.query_views={qv} and key_views={kv}: '
+          f'{config.loss} pairs query slot a with key slot '
+          + {'other_slot': 'b != a', 'every_slot': 'b, every one',
+             'same_slot': 'a'}[rule]
+          + f', so view {same[0]} would be its own positive (the key '
+          'encoder\'s copy of the same augmented image, a trivial task). '
+          'Order key_views so that every positive is another view.')
     if mc.enqueue_keys not in ENQUEUE_KEYS:
       raise ValueError(f'config.moco.enqueue_keys={mc.enqueue_keys!r}; known: '
                        'first (MoCo), last (the last key view, CACR\'s '
@@ -146,7 +179,7 @@ class Method(base.Method):
     """Replicated, but the queue is sharded by rows and stays so.
 
     Its logits are computed where its rows live and its write is a
-    per-device scatter (`prepare`, `state.enqueue`), so no device ever holds
+    per-device scatter (`prepare`, `moco.enqueue`), so no device ever holds
     the whole [Q, D] queue.
     """
     out = super().shardings(abstract_state, mesh)
@@ -178,7 +211,7 @@ class Method(base.Method):
       # sharding is fixed here, so the losses stay mesh-agnostic and the
       # 1-device path (mesh of 1, or no mesh in a notebook) is the same code.
       # (The enqueue in `update` is a scatter for the same reason: see
-      # `state.enqueue`.) tests/test_queue_sharding.py checks that the
+      # `moco.enqueue`.) tests/test_queue_sharding.py checks that the
       # compiled step never all-gathers the [Q, D] queue.
       queue = jax.lax.with_sharding_constraint(
           queue, NamedSharding(mesh, P('data', None)))
