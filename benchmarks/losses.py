@@ -213,7 +213,7 @@ def main(argv=None):
            f'{"loss ms":>9} {"floor ms":>9} {"ratio":>6}'
   print(header)
   print('-' * len(header))
-  rng = jax.random.PRNGKey(0)
+  rng = jax.random.key(0)
   for name in names:
     if name not in BUILDERS:
       print(f'{name:<14} skipped: no input builder in benchmarks/losses.py')

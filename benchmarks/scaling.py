@@ -241,7 +241,7 @@ def loss_worker(name: str, sizes: list[int], rows: int, repeats: int,
   train_step._worker_setup(1)  # pylint: disable=protected-access
   import jax  # pylint: disable=g-import-not-at-top
   from benchmarks import losses as loss_bench  # pylint: disable=g-import-not-at-top
-  rng = jax.random.PRNGKey(0)
+  rng = jax.random.key(0)
   jobs = []
   for size in sizes:
     nv, queue = (size, 0) if name == 'ntxent' else (rows, size)

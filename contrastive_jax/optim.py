@@ -113,7 +113,7 @@ def scale_by_clipped_trust_ratio(trust_coefficient: float,
 
     out = jax.tree.map(leaf, updates, params, mask(params))
     return out, optax.ScaleByScheduleState(
-        count=optax.safe_int32_increment(state.count))
+        count=optax.safe_increment(state.count))
 
   return optax.GradientTransformation(init_fn, update_fn)
 

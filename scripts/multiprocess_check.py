@@ -157,7 +157,7 @@ def load_state(workdir: str) -> dict[str, np.ndarray]:
   meta = ckptr.metadata(path).item_metadata.tree
   args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)
   tree = ckptr.restore(path, restore_args=args)
-  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  flat, _ = jax.tree.flatten_with_path(tree)
   return {jax.tree_util.keystr(k): np.asarray(v) for k, v in flat}
 
 

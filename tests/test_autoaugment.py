@@ -497,7 +497,7 @@ def test_policies_are_the_published_ones(policy, text):
 
 
 def _draws(policy, n, seed=0, impl='torchvision'):
-  keys = jax.random.split(jax.random.PRNGKey(seed), n)
+  keys = jax.random.split(jax.random.key(seed), n)
 
   def one(key):
     sub, ops, magnitudes, apply = augment.autoaugment_draw(key, policy, impl)
@@ -559,7 +559,7 @@ def test_autoaugment_applies_the_drawn_ops_in_order(impl):
       augment.autoaugment_draw(k, 'cifar10', impl)))
   changed = 0
   for seed in range(12):
-    key = jax.random.PRNGKey(seed)
+    key = jax.random.key(seed)
     ops, mags, apply = draw(key)
     expected = image
     for slot in range(2):
@@ -573,7 +573,7 @@ def test_autoaugment_applies_the_drawn_ops_in_order(impl):
 
 def test_a_batch_under_jit_and_vmap_is_deterministic_per_key():
   images = jnp.asarray(_image(11, (8, 32, 32, 3)), jnp.float32) / 255.
-  keys = jax.random.split(jax.random.PRNGKey(3), 8)
+  keys = jax.random.split(jax.random.key(3), 8)
   fn = jax.jit(jax.vmap(functools.partial(augment.autoaugment,
                                           policy='cifar10')),
                compiler_options=_FAST_COMPILE)
@@ -583,7 +583,7 @@ def test_a_batch_under_jit_and_vmap_is_deterministic_per_key():
                 compiler_options=_FAST_COMPILE)
   for i in (0, 5):     # vmapped == one image at a time.
     np.testing.assert_allclose(a[i], one(keys[i], images[i]), atol=1e-6)
-  other = fn(jax.random.split(jax.random.PRNGKey(4), 8), images)
+  other = fn(jax.random.split(jax.random.key(4), 8), images)
   assert np.any(np.asarray(a) != np.asarray(other))
   assert float(a.min()) >= 0. and float(a.max()) <= 1.
 
@@ -594,7 +594,7 @@ def test_unknown_policy_is_rejected():
   with pytest.raises(ValueError, match='autoaugment_impl'):
     augment.build_views('tcl', 2, ({'autoaugment_impl': 'pil'},))
   with pytest.raises(ValueError, match='unknown AutoAugment policy'):
-    augment.autoaugment(jax.random.PRNGKey(0), jnp.zeros((8, 8, 3)),
+    augment.autoaugment(jax.random.key(0), jnp.zeros((8, 8, 3)),
                         policy='cifar100')
 
 
@@ -611,7 +611,7 @@ def test_tcl_cifar10_config_augments_32px_batches():
     assert not any(view.jitter_amounts()) and not view.grayscale_p
   images = jnp.asarray(_image(12, (6, 32, 32, 3)))
   out = jax.jit(lambda k, x: augment.augment_batch(k, x, views),
-                compiler_options=_FAST_COMPILE)(jax.random.PRNGKey(0), images)
+                compiler_options=_FAST_COMPILE)(jax.random.key(0), images)
   assert out.shape == (6, 2, 32, 32, 3) and out.dtype == jnp.float32
   assert bool(jnp.all(jnp.isfinite(out)))
   assert float(out.min()) >= 0. and float(out.max()) <= 1.
@@ -639,7 +639,7 @@ def _tf():
   return tf
 
 
-def _tf_ours(image_u8, name, arg, key=jax.random.PRNGKey(0)):
+def _tf_ours(image_u8, name, arg, key=jax.random.key(0)):
   """Our Model Garden op on the uint8 image, as uint8 levels (int64)."""
   out = _tf_op(jnp.asarray(image_u8, jnp.float32), _TF_NAMES.index(name),
                jnp.float32(arg), key)
@@ -969,7 +969,7 @@ def test_tf_cutout_is_a_clipped_square_of_128_at_a_uniform_centre():
   centres = []
   for seed in range(60):
     pad = (4, 10, 40)[seed % 3]
-    out = _tf_ours(image, 'Cutout', pad, jax.random.PRNGKey(seed))
+    out = _tf_ours(image, 'Cutout', pad, jax.random.key(seed))
     filled = np.all(out == 128, axis=-1)
     np.testing.assert_array_equal(out[~filled], image[~filled])
     rows, cols = np.nonzero(filled.any(1))[0], np.nonzero(filled.any(0))[0]
@@ -1069,7 +1069,7 @@ def test_tf_autoaugment_applies_the_drawn_ops_in_order_on_levels():
       augment.autoaugment_draw(k, 'v0', 'tf_model_garden')))
   changed = 0
   for seed in range(12):
-    key = jax.random.PRNGKey(seed)
+    key = jax.random.key(seed)
     ops, args, apply = draw(key)
     expected = jnp.asarray(levels, jnp.float32)
     for slot in range(2):
@@ -1092,7 +1092,7 @@ def test_policy_and_convention_must_match():
     augment.build_views('tcl', 2, ({'autoaugment': 'imagenet',
                                     'autoaugment_impl': 'tf_model_garden'},))
   with pytest.raises(ValueError, match="autoaugment_impl='tf_model_garden'"):
-    augment.autoaugment(jax.random.PRNGKey(0), jnp.zeros((8, 8, 3)),
+    augment.autoaugment(jax.random.key(0), jnp.zeros((8, 8, 3)),
                         policy='v0', impl='pytorch_auto_augment')
   with pytest.raises(ValueError, match='needs a key'):
     augment.autoaugment_op(jnp.zeros((8, 8, 3)), 0, 0.,
@@ -1114,7 +1114,7 @@ def test_supcon_imagenet_config_augments_with_v0():
     assert view.autoaugment_impl == 'tf_model_garden'
   images = jnp.asarray(_image(30, (4, 48, 48, 3)))
   out = jax.jit(lambda k, x: augment.augment_batch(k, x, views),
-                compiler_options=_FAST_COMPILE)(jax.random.PRNGKey(0), images)
+                compiler_options=_FAST_COMPILE)(jax.random.key(0), images)
   assert out.shape == (4, 2, 48, 48, 3)
   out = np.asarray(out) * 255.
   np.testing.assert_allclose(out, np.round(out), atol=1e-3)

@@ -487,7 +487,7 @@ def _conv_kernels(conv_init, width=16):
   enc = models.ResNet18(width=width, stem='imagenet', conv_init=conv_init)
   params = _init(enc, (1, 32, 32, 3))['params']
   return [np.asarray(leaf, np.float64) for path, leaf in
-          jax.tree_util.tree_flatten_with_path(params)[0]
+          jax.tree.flatten_with_path(params)[0]
           if path[-1].key == 'kernel']
 
 
