@@ -168,6 +168,77 @@ def test_study_v2_results_quote_its_report():
     assert int(first.group(2)) == n, row
 
 
+_VERDICTS = {   # The README's label for a group of claims -> REPORT's test.
+    'Supported': lambda row: row['verdict'] == 'supported',
+    'Contradicted': lambda row: row['verdict'] == 'contradicted',
+    'Inconclusive': lambda row: row['verdict'] == 'inconclusive',
+    'Untestable here': lambda row: row['verdict'].startswith('untestable'),
+    'Pending': lambda row: row['verdict'].startswith('pending'),
+    'Equivalent within ±1 point': lambda row: row['tost'].endswith(
+        '(equivalent within ±1.0)'),
+}
+
+
+def _report_claims(report):
+  """(claim id, metric) -> the row of the report's claims table."""
+  table = report.split('## Claims')[1].split('\n## ')[0]
+  rows = {}
+  for line in table.splitlines():
+    cells = line.strip('| ').split(' | ')
+    if len(cells) == 9 and re.match(r'C\d ', cells[0]):
+      rows[cells[0].split()[0], cells[1]] = {
+          'mean': cells[2].split(' ')[0], 'holm': cells[5],
+          'verdict': cells[6], 'tost': cells[7]}
+  return rows
+
+
+def _findings(text):
+  """The README's study v2 findings: [(label, [(claim, metric or None,
+  the mention's text)])], one entry per 'Label: ...' sentence."""
+  paragraph = text.split('\nStudy v2 (benchmarks/study_v2/)')[1].split(
+      '\n\n')[0].replace('\n', ' ')
+  out = []
+  labels = '|'.join(re.escape(k) for k in _VERDICTS)
+  for label, body in re.findall(rf'({labels})[^:]*: (.*?)(?:\.\s(?=[A-Z])|\.$)',
+                                paragraph):
+    mentions = []
+    for group in re.findall(r'\((C\d[^)]*)\)', body):
+      # '(C1, C3)', '(C4 linear, C5 linear)', '(C4 kNN, +0.79 points, ...)'.
+      ids = re.findall(r'(?:^|, )(C\d)(?: (kNN|linear))?(?=,|;|$)', group)
+      for claim, metric in ids:
+        mentions.append((claim, {'kNN': 'knn', 'linear': 'linear'}.get(
+            metric), group if len(ids) == 1 else ''))
+    out.append((label, mentions))
+  return out
+
+
+def test_study_v2_findings_say_what_the_report_says():
+  # Each 'Label: ...' sentence of the findings names claims as (C<n>) or
+  # (C<n> <metric>); every named claim has the label's verdict in the
+  # report, numbers quoted in a mention are that row's, and every claim
+  # row of the report is named with its verdict.
+  with open(os.path.join(ROOT, 'benchmarks', 'study_v2', 'REPORT.md')) as f:
+    rows = _report_claims(f.read())
+  assert len(rows) == 14, sorted(rows)
+  findings = _findings(_text())
+  assert findings, 'no "Label: ..." sentence in the study v2 findings'
+  covered = set()
+  for label, mentions in findings:
+    assert mentions, label
+    for claim, metric, mention in mentions:
+      for m in ([metric] if metric else ['knn', 'linear']):
+        row = rows[claim, m]
+        assert _VERDICTS[label](row), (label, mention, row)
+        if label != 'Equivalent within ±1 point':
+          covered.add((claim, m))
+        if metric:   # Quoted numbers are this row's.
+          for number in re.findall(r'[+-]\d+\.\d\d', mention):
+            assert number == row['mean'], (mention, row)
+          for p in re.findall(r'Holm p (\d\.\d+)', mention):
+            assert p == row['holm'], (mention, row)
+  assert covered == set(rows), sorted(set(rows) - covered)
+
+
 def test_readme_is_short_and_undated():
   text = _text()
   assert len(text.splitlines()) <= 250
