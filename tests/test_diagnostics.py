@@ -62,6 +62,21 @@ def test_uniformity_points_on_a_circle(n, t):
   assert got == pytest.approx(np.log(bessel), abs=2e-5)
 
 
+def test_uniformity_gradient_is_finite_when_a_block_has_no_pair():
+  # N = 1025: the second row block holds only the last row, which has no
+  # partner j > i. The value is numpy's and the gradient, which AU-CL
+  # takes through this function, is finite.
+  import jax  # pylint: disable=g-import-not-at-top
+  z = np.random.default_rng(0).normal(size=(1025, 4)).astype(np.float32)
+  value, grad = jax.value_and_grad(diagnostics.uniformity)(z)
+  assert np.all(np.isfinite(np.asarray(grad)))
+  u = z / np.linalg.norm(z, axis=1, keepdims=True)
+  sq = np.sum((u[:, None].astype(np.float64) - u[None]) ** 2, -1)
+  iu = np.triu_indices(1025, 1)
+  assert float(value) == pytest.approx(
+      np.log(np.mean(np.exp(-2. * sq[iu]))), abs=2e-5)
+
+
 def test_similarity_histograms(tmp_path):
   n = 6
   z = np.eye(n, 8, dtype=np.float32) * 2.0      # orthogonal: negatives are 0

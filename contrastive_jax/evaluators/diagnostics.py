@@ -9,7 +9,8 @@ embeddings:
 
 with the expectation in `uniformity` taken over distinct pairs i < j, as in
 their reference code (`torch.pdist(x).pow(2).mul(-t).exp().mean().log()`).
-Lower is better for both.
+Lower is better for both. Both are the AU-CL loss's own terms
+(`losses.baselines`), so the monitor and the loss cannot drift apart.
 
 Plots use matplotlib's Agg backend (no display needed) and write PNG files.
 
@@ -36,63 +37,15 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import progress
 from contrastive_jax.evaluators import base
+from contrastive_jax.losses.baselines import alignment
+from contrastive_jax.losses.baselines import uniformity
 from contrastive_jax.losses.common import l2_normalize
 from input_pipeline import augment
 from input_pipeline import pipeline
 
-# Rows of the pairwise block in `uniformity`: bounds memory to [block, N].
+# Rows of a pairwise block in `semantic_sensitivity`: bounds memory to
+# [block, M].
 _PAIR_BLOCK = 1024
-
-
-@jax.jit
-def alignment(z_a: jax.Array, z_b: jax.Array, alpha: float = 2.) -> jax.Array:
-  """Mean ||f(x) - f(y)||^alpha over positive pairs (Wang & Isola 2020).
-
-  Args:
-    z_a: [N, D] embeddings of one view (normalised here).
-    z_b: [N, D] embeddings of the other view; row i pairs with z_a[i].
-    alpha: exponent (the paper uses 2).
-
-  Returns:
-    Scalar float32: 0 for identical views, 2^alpha for antipodal ones.
-  """
-  d = l2_normalize(z_a) - l2_normalize(z_b)
-  return jnp.mean(jnp.sum(d * d, axis=-1) ** (alpha / 2))
-
-
-@jax.jit
-def uniformity(z: jax.Array, t: float = 2.) -> jax.Array:
-  """log mean_{i<j} exp(-t ||f_i - f_j||^2) (Wang & Isola 2020).
-
-  Computed as a log-sum-exp over blocks of rows, so memory is [block, N] and
-  the result is exact (not sampled) for any N.
-
-  Args:
-    z: [N, D] embeddings (normalised here), N >= 2.
-    t: the paper's t (2 by default).
-
-  Returns:
-    Scalar float32 in [-4t, 0]: 0 when all embeddings coincide.
-  """
-  z = l2_normalize(z)
-  n = z.shape[0]
-  block = min(_PAIR_BLOCK, n)
-  pad = -n % block
-  rows = jnp.pad(z, ((0, pad), (0, 0))).reshape(-1, block, z.shape[1])
-  starts = jnp.arange(rows.shape[0]) * block
-
-  def block_lse(args):
-    zb, start = args
-    # ||a - b||^2 = 2 - 2 a.b for unit vectors; clip the rounding below 0.
-    sq = jnp.maximum(2. - 2. * (zb @ z.T), 0.)               # [block, N]
-    i = start + jnp.arange(block)[:, None]
-    j = jnp.arange(n)[None, :]
-    logits = jnp.where((i < j) & (i < n), -t * sq, -jnp.inf)
-    return jax.nn.logsumexp(logits)
-
-  lse = jax.nn.logsumexp(jax.lax.map(block_lse, (rows, starts)))
-  return lse - jnp.log(n * (n - 1) / 2.)
-
 
 @jax.jit
 def conditional_entropy(z_a: jax.Array, z_b: jax.Array | None = None, *,
