@@ -24,11 +24,17 @@ error in the report and the next part runs):
   tests    the loss and train-step tests that compare with float64
            references, under JAX's default matmul precision (TF32 on NVIDIA
            GPUs) and under 'highest': which pass, which fail.
-  input    the streamed input pipeline on this host's cores at 224 px with
-           SimCLR's augmentations, 2 views (JPEG decode on the host, the
-           augmentation on the device), decoding on threads and in worker
-           processes, against the PyTorch DataLoader peer
-           (benchmarks/torch_dataloader_peer.py) with as many workers.
+  input    the host's steady-state input rate (benchmarks/input_rate.py):
+           ImageNet-like JPEGs decoded and cropped on 1, a quarter of and
+           all of the host's cores, ours in worker processes and on
+           threads, with and without a busy thread, against the PyTorch
+           DataLoader (benchmarks/torch_dataloader_peer.py); per-image
+           decoding costs.
+  stream   main.py with configs/papers/simclr.py:imagenet streamed from
+           generated ImageNet-like JPEGs for 200 steps of batch 256:
+           images/s and input wait against the same run fed from memory and
+           against PyTorch end to end (a DataLoader making the recipe in
+           its workers, feeding the compiled step).
 
 Both frameworks' steps run in their own long-lived worker processes, each
 compiled once, each given part of the GPU's memory, and timed in turn
@@ -53,8 +59,7 @@ collects its report and logs:
 keeps working between GPU runs; the peer rows need torch and torchvision in
 `--torch_python`, and say so when they are absent). The report is
 `--out/accelerator.json` plus a table printed last. Results:
-docs/performance.md. `--decode_rate=W [--busy]` times the host's decoding
-alone (W worker processes, 0 for threads), as that page's CPU table does.
+docs/performance.md.
 """
 
 import argparse
@@ -80,7 +85,7 @@ PEER = os.path.join(ROOT, 'benchmarks', 'torch_step_peer.py')
 ACCEL = os.path.join(ROOT, '.accel')
 DATA = os.path.join(ACCEL, 'fashion_mnist')
 WHEELS = os.path.join(ACCEL, 'wheels')
-PARTS = ('peak', 'r50', 'r18', 'e2e', 'tests', 'input')
+PARTS = ('peak', 'r50', 'r18', 'e2e', 'tests', 'input', 'stream')
 
 # Dense bf16 peaks from NVIDIA's datasheets (TFLOP/s, without sparsity), by
 # the device kind JAX reports.
@@ -91,7 +96,8 @@ BF16_PEAK_TFLOPS = {'H100 80GB HBM3': 989.4, 'H100 SXM': 989.4,
 # Packages the check needs beyond a CUDA JAX + PyTorch image, as pinned in
 # requirements.txt (pure Python, or built for the device's Python 3.12).
 WHEEL_PINS = ('flax', 'optax', 'orbax-checkpoint', 'chex', 'ml-collections',
-              'grain', 'array-record', 'portpicker', 'importlib_resources')
+              'grain', 'array-record', 'portpicker', 'importlib_resources',
+              'simplejpeg')
 
 # The step tests run in the `tests` part: losses and train steps against
 # float64 references (tests/numpy_reference*.py).
@@ -526,94 +532,149 @@ def _failures(junit: str) -> list[tuple[str, str]]:
   return failed
 
 
-def input_pipeline(args) -> dict:
-  """Ours (host decode + device augmentation) against the DataLoader peer.
-
-  Ours decodes on the training process's threads (`num_workers=0`) and in
-  one worker process per core (`config.dataset.num_workers=-1`), and, in
-  processes, with each view's crop cut on the host from the full image
-  (`train_crop_source='full_image'`, the ImageNet paper configs' path); the
-  peer runs a DataLoader with one worker per core. Alternated, 2 rounds.
-  """
-  from benchmarks import input_pipeline as ip  # pylint: disable=g-import-not-at-top
+def input_rate(args, out_dir: str) -> dict:
+  """The host's steady-state input rate: benchmarks/input_rate.py on this
+  host's cores (ours in worker processes and on threads, with and without
+  a busy thread; the PyTorch DataLoader peer), its JSON report."""
   cores = len(os.sched_getaffinity(0))
-  n, side, batch = (64, 64, 16) if args.dry else (2560, 384, 256)
-  size = 32 if args.dry else 224
-  root = ip.make_image_folder(os.path.join(args.cache_dir, 'jpeg'), n, side)
-  warmup, timed = (1, 2) if args.dry else (2, 6)
-  ours = {name: ip.Ours(root, batch=batch, image_size=size, preset='simclr',
-                        num_views=2, num_workers=workers,
-                        crop_source=crop_source)
-          for name, workers, crop_source in (
-              ('threads', 0, 'center_square'),
-              ('processes', cores, 'center_square'),
-              ('full_image', cores, 'full_image'))}
-  result = {'cores': cores, 'images': n, 'jpeg_side': side, 'batch': batch,
-            'image_size': size, **{f'ours_{k}': [] for k in ours},
-            'peer': []}
-  recipe = ip.peer_args('simclr', 2)
-  steps_per_epoch = n // batch
-  for r in range(2):
-    start = r * (warmup + timed + 1) % max(steps_per_epoch, 1)
-    for name, o in ours.items():
-      result[f'ours_{name}'].append(o.throughput(start, warmup, timed))
-    if args.torch_python:
-      try:
-        result['peer'].append(ip.run_peer(
-            args.torch_python, root, batch=batch, image_size=size,
-            warmup=warmup, timed=timed, workers=cores, seed=r,
-            recipe=recipe)['images_per_s'])
-      except RuntimeError as e:   # Ours stays measured.
-        result['peer_error'] = str(e)[-800:]
-  result['augment_only_images_per_s'] = ours['threads'].augment_only(5)
-  for name in ours:
-    result[f'ours_{name}_median'] = statistics.median(result[f'ours_{name}'])
-  if result['peer']:
-    result['peer_median'] = statistics.median(result['peer'])
-    result['ours_over_peer'] = (result['ours_processes_median'] /
-                                result['peer_median'])
-  result['full_image_over_ours'] = (result['ours_full_image_median'] /
-                                    result['ours_processes_median'])
-  return result
+  out = os.path.join(out_dir, 'input_rate.json')
+  counts = sorted({1, max(1, cores // 4), cores})
+  cmd = [sys.executable, os.path.join(ROOT, 'benchmarks', 'input_rate.py'),
+         f'--cache_dir={args.cache_dir}', f'--out={out}',
+         f'--torch_python={args.torch_python or "none"}']
+  if args.dry:
+    cmd += ['--dry', '--cores=1']
+  else:   # 64-image batches: 4 x (16 workers x 2) batches need 8,192.
+    cmd += [f'--cores={",".join(map(str, counts))}', '--images=8192',
+            '--batch=64', '--rounds=2', '--per_image=100',
+            '--large_images=100']
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                        cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+  with open(os.path.join(out_dir, 'input_rate.log'), 'w') as f:
+    f.write(proc.stdout + proc.stderr)
+  if proc.returncode or not os.path.exists(out):
+    raise RuntimeError(f'input_rate.py exited {proc.returncode}: '
+                       f'{proc.stderr[-1500:]}')
+  with open(out) as f:
+    report = json.load(f)
+  report['table'] = proc.stdout
+  return report
 
 
-def decode_rate(workers: int, root: str, batch: int = 64,
-                steps: int = 14, busy: bool = False) -> dict:
-  """Host images/s of `TrainBatches.iterate` alone (no augmentation) over an
-  ImageFolder at 224 px, decoding on threads (0) or in `workers` processes;
-  the first 2 batches (worker start-up) are not timed. `busy` runs a
-  pure-Python thread in this process meanwhile, as a training loop's own
-  Python work competes for the interpreter lock with decoding threads."""
-  import threading  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
-  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
-  from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
-  from input_pipeline import pipeline  # pylint: disable=g-import-not-at-top
+def _main_py(flags: list[str], workdir: str, log_path: str) -> dict:
+  """Runs main.py with `flags`; results.json and the logged intervals."""
+  shutil.rmtree(workdir, ignore_errors=True)
+  cmd = [sys.executable, os.path.join(ROOT, 'main.py'), f'--workdir={workdir}',
+         '--progress=off', *flags]
+  t0 = time.perf_counter()
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                        cwd=ROOT)
+  wall = time.perf_counter() - t0
+  with open(log_path, 'w') as f:
+    f.write(' '.join(cmd) + '\n' + proc.stdout + proc.stderr)
+  if proc.returncode:
+    raise RuntimeError(f'main.py exited {proc.returncode}: '
+                       f'{proc.stderr[-1500:]}')
+  with open(os.path.join(workdir, 'results.json')) as f:
+    results = json.load(f)
+  with open(os.path.join(workdir, 'history.json')) as f:
+    history = [h for h in json.load(f) if 'images_per_sec' in h]
+  return {'command': ' '.join(cmd[1:]), 'wall_s': wall,
+          'images_per_s': results.get('images_per_sec'),
+          'input_wait': results.get('input_wait'),
+          'train_s': results.get('train_seconds'),
+          'intervals': [{k: h[k] for k in ('step', 'images_per_sec',
+                                           'input_wait') if k in h}
+                        for h in history]}
+
+
+def _npz_of(root: str, image_size: int) -> str:
+  """`root`'s training images as `<root>_npz/train.npz`, centre squares."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
   from input_pipeline import sources  # pylint: disable=g-import-not-at-top
-  batches = pipeline.TrainBatches(
-      sources.ImageFolder(root, 'train', image_size=224),
-      global_batch_size=batch, seed=0, num_workers=workers,
-      sharding=NamedSharding(runtime.create_mesh(), P('data')))
-  stop = threading.Event()
+  out = f'{root}_npz_{image_size}'
+  path = os.path.join(out, 'train.npz')
+  if not os.path.exists(path):
+    os.makedirs(out, exist_ok=True)
+    data = sources.ImageFolder(root, 'train', image_size=image_size).read_all()
+    np.savez(path + '.tmp.npz', image=data.images, label=data.labels)
+    os.replace(path + '.tmp.npz', path)
+  return out
 
-  def spin():
-    n = 0
-    while not stop.is_set():
-      n += 1
 
-  spinner = threading.Thread(target=spin, daemon=True)
-  if busy:
-    spinner.start()
-  t0 = None
-  for k, b in enumerate(batches.iterate(0, steps)):
-    jax.block_until_ready(b['image'])
-    if k == 1:
-      t0 = time.perf_counter()
-  rate = batch * (steps - 2) / (time.perf_counter() - t0)
-  stop.set()
-  return {'workers': workers, 'busy': busy,
-          'cores': len(os.sched_getaffinity(0)), 'images_per_s': rate}
+def stream(args, out_dir: str) -> dict:
+  """main.py with the ResNet-50 SimCLR paper recipe, streamed from JPEGs.
+
+  `configs/papers/simclr.py:imagenet` (each view's crop cut by the host
+  from the full image, the rest of the recipe on the device, bf16) over a
+  generated ImageNet-like folder (`input_rate.imagenet_like_folder`),
+  decoding as `pipeline.decoding` chooses, for `steps` steps at batch 256,
+  evaluation off; against (1) the same run fed from memory (the folder's
+  centre squares as an npz split, the devices cutting the crops: the step's
+  own rate) and (2) PyTorch end to end (benchmarks/torch_step_peer.py with
+  a DataLoader making SimCLR's recipe in as many workers as cores). Reads
+  images/s and the input wait from results.json and history.json: the
+  median over the log intervals, so the batches read ahead during
+  compilation do not count.
+  """
+  from benchmarks import input_rate as ir  # pylint: disable=g-import-not-at-top
+  cores = len(os.sched_getaffinity(0))
+  if args.dry:
+    images, steps, batch, size, log_every = 96, 6, 8, 32, 2
+    root = ir.imagenet_like_folder(os.path.join(args.cache_dir, 'dry'),
+                                   images, short_side=(40, 64))
+  else:
+    images, steps, batch, size, log_every = 8192, 200, 256, 224, 20
+    root = ir.imagenet_like_folder(args.cache_dir, images)
+  common = [
+      '--config=' + os.path.join(ROOT, 'configs', 'papers', 'simclr.py') +
+      ':imagenet',
+      f'--config.batch_size={batch}', f'--config.dataset.image_size={size}',
+      f'--config.num_epochs={steps * batch / images}',
+      f'--config.log_every_steps={log_every}',
+      f'--config.checkpoint_every_steps={10 * steps}',
+      '--config.dataset.train_split=train',
+      '--config.dataset.eval_split=train', '--config.eval.baselines=False',
+      '--config.eval.embedding_points=0',
+      *[f'--config.evals.{e}.every_steps=-1'
+        for e in ('knn', 'linear', 'online_knn', 'linear_eval')]]
+  if args.dry:   # The same code paths, a CPU-sized model.
+    common.append('--config.model.encoder=resnet18')
+  result = {'images': images, 'steps': steps, 'batch': batch,
+            'image_size': size, 'cores': cores}
+  result['streamed'] = _main_py(
+      common + ['--config.dataset.name=image_folder',
+                f'--config.dataset.data_dir={root}'],
+      os.path.join(out_dir, 'stream_workdir'),
+      os.path.join(out_dir, 'stream.log'))
+  result['memory'] = _main_py(
+      common + ['--config.dataset.name=npz',
+                f'--config.dataset.data_dir={_npz_of(root, size)}',
+                '--config.dataset.in_memory=True',
+                '--config.dataset.train_crop_source=center_square',
+                '--config.dataset.eval_crop_fraction=1.0'],
+      os.path.join(out_dir, 'memory_workdir'),
+      os.path.join(out_dir, 'memory.log'))
+  result['streamed_over_memory'] = (result['streamed']['images_per_s'] /
+                                    result['memory']['images_per_s'])
+  if args.torch_python:
+    cmd = [args.torch_python, PEER, '--model=resnet50', f'--batch={batch}',
+           f'--image_size={size}', f'--standalone={steps}',
+           f'--data_root={os.path.join(root, "train")}',
+           f'--loader_workers={cores}', '--warmup=3']
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode:
+      result['peer_error'] = proc.stderr[-1500:]
+    else:
+      peer = json.loads(proc.stdout.strip().splitlines()[-1])
+      result['peer'] = peer
+      # The peer counts views; ours counts instances (2 views each).
+      result['peer_images_per_s'] = peer['images_per_s'] / 2
+      result['streamed_over_peer'] = (result['streamed']['images_per_s'] /
+                                      result['peer_images_per_s'])
+  else:
+    result['peer_error'] = 'no torch interpreter'
+  return result
 
 
 # --------------------------------------------------------------------------
@@ -691,14 +752,20 @@ def _table(report: dict) -> str:
       lines.append(f'tests   {precision}: {t["summary"]} '
                    f'({len(t["failed"])} failed)')
   inp = report.get('input', {})
-  if 'ours_processes_median' in inp:
-    peer = (f', peer {inp["peer_median"]:,.0f} ({inp["ours_over_peer"]:.2f}x)'
-            if 'peer_median' in inp else '')
-    lines.append(f'input   {inp["cores"]} cores: ours '
-                 f'{inp["ours_processes_median"]:,.0f} images/s in processes,'
-                 f' {inp["ours_threads_median"]:,.0f} on threads{peer}; '
-                 f'full_image {inp["ours_full_image_median"]:,.0f} '
-                 f'({inp["full_image_over_ours"]:.2f}x)')
+  if 'table' in inp:
+    lines.append('input   benchmarks/input_rate.py:' +
+                 inp['table'].rstrip().replace('\n', '\n        '))
+  st = report.get('stream', {})
+  if 'streamed' in st:
+    peer = (f', PyTorch end to end {st["peer_images_per_s"]:,.0f} '
+            f'(ours {st["streamed_over_peer"]:.2f}x)'
+            if 'peer_images_per_s' in st else '')
+    lines.append(
+        f'stream  main.py ResNet-50 SimCLR, {st["steps"]} steps of '
+        f'{st["batch"]}: streamed {st["streamed"]["images_per_s"]:,.0f} '
+        f'images/s (input wait {100 * st["streamed"]["input_wait"]:.0f}%), '
+        f'from memory {st["memory"]["images_per_s"]:,.0f} (streamed '
+        f'{st["streamed_over_memory"]:.2f}x){peer}')
   for part, r in report.items():
     if isinstance(r, dict) and 'error' in r:
       lines.append(f'{part:<7} FAILED: {r["error"][:200]}')
@@ -726,13 +793,6 @@ def main() -> int:
                       help="jax_default_matmul_precision values to run the "
                       "tests under ('default': the backend's own).")
   parser.add_argument('--commit', default='')
-  parser.add_argument('--decode_rate', type=int, default=None,
-                      help='Print the host decoding rate with this many '
-                      'worker processes (0: threads) over the 1,024-JPEG '
-                      'folder in --cache_dir, and exit.')
-  parser.add_argument('--busy', action='store_true',
-                      help='With --decode_rate: a pure-Python thread runs '
-                      'beside the decoding.')
   parser.add_argument('--_worker', default='', help=argparse.SUPPRESS)
   parser.add_argument('--batch', type=int, default=0, help=argparse.SUPPRESS)
   parser.add_argument('--flops_only', action='store_true',
@@ -743,12 +803,6 @@ def main() -> int:
     return jax_worker(args)
   if args.prepare:
     prepare()
-    return 0
-  if args.decode_rate is not None:
-    from contrastive_jax import runtime  # pylint: disable=g-import-not-at-top
-    runtime.size_cpu_thread_pools()
-    print(json.dumps(decode_rate(args.decode_rate, os.path.join(
-        args.cache_dir, 'jpeg', 'jpeg_1024_384'), busy=args.busy)))
     return 0
   parts = [p for p in args.parts.split(',') if p]
   unknown = set(parts) - set(PARTS)
@@ -786,7 +840,9 @@ def main() -> int:
       elif part == 'tests':
         report[part] = run_tests(args, args.out)
       elif part == 'input':
-        report[part] = input_pipeline(args)
+        report[part] = input_rate(args, args.out)
+      elif part == 'stream':
+        report[part] = stream(args, args.out)
     except Exception as e:  # pylint: disable=broad-except
       report[part] = {'error': f'{type(e).__name__}: {e}',
                       'traceback': traceback.format_exc()[-3000:]}

@@ -26,6 +26,11 @@ torch (the project's requirements do not), e.g.
 
 Prints one JSON line: images/s over the timed batches (after `--warmup`
 batches, which absorb the workers' start-up), and the settings.
+
+`--host_crops` makes only each view's random resized crop as uint8 (the
+host's share when the rest of the recipe runs on the accelerator, what
+ours does on the host); `--cores` and `--busy` are for
+benchmarks/input_rate.py's per-core and busy-thread rows.
 """
 
 import argparse
@@ -140,6 +145,22 @@ def list_images(split_dir):
   return files, labels
 
 
+class HostCrops:
+  """The host part of the recipe alone: RandomResizedCrop, uint8 CHW.
+
+  The DataLoader mode of a pipeline that augments on the accelerator
+  (the flip, colour and blur ops run on the GPU next to the step), and the
+  host work that ours does: decode and cut each view's crop.
+  """
+
+  def __init__(self, size, crop_scale=(0.08, 1.0)):
+    self.size, self.crop_scale = size, crop_scale
+
+  def __call__(self, img):
+    img = random_resized_crop(img, self.size, self.crop_scale)
+    return torch.from_numpy(np.asarray(img, np.uint8)).permute(2, 0, 1)
+
+
 class ImageFiles(Dataset):
 
   def __init__(self, split_dir, transform, num_views):
@@ -177,16 +198,42 @@ def main():
   parser.add_argument('--grayscale_p', type=float, default=0.2)
   parser.add_argument('--blur_p', type=float, default=0.5)
   parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--host_crops', action='store_true',
+                      help='Only decode and cut each view\'s random resized '
+                      'crop (uint8), the rest of the recipe left to the '
+                      'accelerator (HostCrops).')
+  parser.add_argument('--cores', type=int, default=0,
+                      help='Run on the first N cores (0: all this process '
+                      'may use).')
+  parser.add_argument('--busy', action='store_true',
+                      help='A pure-Python thread spins in the main process '
+                      'meanwhile, as a training loop\'s Python work would.')
   args = parser.parse_args()
+  if args.cores:
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.cores])
 
   torch.manual_seed(args.seed)
-  transform = SimCLRViews(args.size, tuple(args.jitter), args.jitter_p,
-                          args.grayscale_p, args.blur_p,
-                          crop_scale=tuple(args.crop_scale))
+  transform = (HostCrops(args.size, tuple(args.crop_scale)) if args.host_crops
+               else SimCLRViews(args.size, tuple(args.jitter), args.jitter_p,
+                                args.grayscale_p, args.blur_p,
+                                crop_scale=tuple(args.crop_scale)))
   dataset = ImageFiles(args.root, transform, args.views)
+  # The DataLoader's strongest CPU-host settings: workers kept across
+  # epochs, each two batches ahead; pinned memory where a GPU takes them.
   loader = DataLoader(dataset, batch_size=args.batch, shuffle=True,
-                      num_workers=args.workers, pin_memory=False,
-                      drop_last=True, persistent_workers=False)
+                      num_workers=args.workers,
+                      pin_memory=torch.cuda.is_available(),
+                      drop_last=True, persistent_workers=args.workers > 0,
+                      prefetch_factor=2 if args.workers else None)
+  if args.busy:
+    import threading  # pylint: disable=g-import-not-at-top
+
+    def spin():
+      n = 0
+      while True:
+        n += 1
+
+    threading.Thread(target=spin, daemon=True).start()
   need = args.warmup + args.batches   # Index of the last timed batch.
   if need + 1 > len(loader):
     raise SystemExit(f'{need + 1} batches requested, the loader has '
@@ -206,6 +253,8 @@ def main():
       'images_per_s': images / elapsed, 'images': images,
       'seconds': elapsed, 'warmup_s': t0 - t_start, 'batch_shape': shape,
       'workers': args.workers, 'torch': torch.__version__,
+      'cores': len(os.sched_getaffinity(0)), 'busy': args.busy,
+      'host_crops': args.host_crops,
       'torch_threads_main': torch.get_num_threads()}))
 
 

@@ -28,6 +28,10 @@ Alone, for a quick look:
 
   python3 benchmarks/torch_step_peer.py --model=resnet50 --batch=256 \
       --image_size=224 --standalone=20
+
+`--data_root=DIR --loader_workers=N` makes the standalone run read its views
+from image files (a DataLoader with SimCLR's recipe in its workers): PyTorch
+end to end.
 """
 
 import argparse
@@ -109,9 +113,38 @@ class Step:
       z = self.model(views)
     return ntxent(z, self.temperature)
 
+  def feed(self, args) -> None:
+    """Steps read their views from image files instead: a DataLoader with
+    `args.loader_workers` workers making SimCLR's recipe in PIL
+    (benchmarks/torch_dataloader_peer.py), pinned memory, non-blocking
+    copies; the end-to-end PyTorch run of accelerator.py's stream part."""
+    import os  # pylint: disable=g-import-not-at-top
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch_dataloader_peer as peer  # pylint: disable=g-import-not-at-top
+    transform = peer.SimCLRViews(args.image_size, (0.8, 0.8, 0.8, 0.2))
+    loader = torch.utils.data.DataLoader(
+        peer.ImageFiles(args.data_root, transform, 2),
+        batch_size=args.batch, shuffle=True, drop_last=True,
+        num_workers=args.loader_workers, persistent_workers=True,
+        prefetch_factor=2, pin_memory=self.device.type == 'cuda')
+
+    def batches():
+      while True:
+        yield from loader
+
+    self._batches = batches()
+
+  def next_views(self):
+    if not hasattr(self, '_batches'):
+      return self.views
+    views, _ = next(self._batches)             # [B, 2, 3, H, W]
+    return views.transpose(0, 1).reshape(-1, *views.shape[2:]).to(
+        self.device, non_blocking=True).contiguous(
+            memory_format=torch.channels_last)
+
   def step(self):
     self.opt.zero_grad(set_to_none=True)
-    loss = self.forward(self.views)
+    loss = self.forward(self.next_views())
     loss.backward()
     self.opt.step()
     return loss
@@ -166,10 +199,16 @@ def main():
   parser.add_argument('--memory_fraction', type=float, default=0.)
   parser.add_argument('--standalone', type=int, default=0,
                       help='Time this many steps and exit (no protocol).')
+  parser.add_argument('--data_root', default='',
+                      help='With --standalone: read the views from '
+                      '<data_root>/<class>/<image> through a DataLoader.')
+  parser.add_argument('--loader_workers', type=int, default=16)
   args = parser.parse_args()
   try:
     t0 = time.perf_counter()
     step = Step(args)
+    if args.data_root:
+      step.feed(args)
     for _ in range(args.warmup):   # Compilation and cuDNN's autotuning.
       step.step()
     step.sync()

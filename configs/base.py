@@ -38,10 +38,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Hold the split in host memory (small datasets); False reads every batch
   # from the files, each process only its part (ImageNet on a pod).
   config.dataset.in_memory = True
-  # Streamed sources: decode in this many worker processes (-1: one per
-  # core); 0 decodes on a thread pool in the training process
-  # (docs/performance.md compares them).
-  config.dataset.num_workers = 0
+  # Streamed sources: decode in this many worker processes; 0 decodes on a
+  # thread pool in the training process; -1 chooses from the host (worker
+  # processes, one per core, on an accelerator host; threads on the CPU
+  # backend; logged at start: pipeline.decoding, docs/input_pipeline.md).
+  config.dataset.num_workers = -1
   # Bad data (docs/input_pipeline.md): an image that does not decode is
   # replaced by a black one in training and left out of evaluation, named in
   # the log and counted in results.json; a split with more than this

@@ -47,10 +47,18 @@ class TrainLog:
 
   `step` takes every step's metrics (device arrays) and, every
   `config.log_every_steps` steps, fetches them, stops on a non-finite value,
-  adds the learning rate and images/s (timed from the end of the first,
-  compiling, step), and writes them to TensorBoard and the history; a log
-  line every ~10% of the run under a progress bar, else every log step.
-  `online` adds the online evaluators' values at a step.
+  adds the learning rate, images/s and the input wait (all timed from the
+  end of the first, compiling, step), and writes them to TensorBoard and the
+  history; a log line every ~10% of the run under a progress bar, else every
+  log step. `online` adds the online evaluators' values at a step.
+
+  Input wait: the training loop takes its batches through `input(batches)`,
+  which counts the time spent waiting for each one (reading, decoding and
+  moving it to the devices, where the prefetch has not done so already);
+  `input_wait` is that time's share of the log interval's wall time. The
+  step runs asynchronously, so a loop that is never input-bound spends its
+  time blocked on the devices instead and shows a share near 0; a share
+  near 1 means the devices sit idle waiting for data.
   """
 
   def __init__(self, workdir: str, config, *, start: int, total_steps: int):
@@ -68,6 +76,30 @@ class TrainLog:
       self.line_every *= max(1, total_steps // 10 // self.every)
     self.start = self.timed_from = self.last_step = start
     self.t0 = self.last_time = time.time()
+    # Seconds spent waiting for batches: since t0, and at the last log step.
+    self.waited = self.last_waited = 0.0
+
+  def input(self, batches):
+    """Yields from `batches`, adding the time each `next` takes to
+    `waited` (the input wait, see the class docstring)."""
+    it = iter(batches)
+    while True:
+      t = time.perf_counter()
+      try:
+        batch = next(it)
+      except StopIteration:
+        return
+      self.waited += time.perf_counter() - t
+      yield batch
+
+  @property
+  def input_wait(self) -> float | None:
+    """The share of the timed training time, up to the last log step, spent
+    waiting for batches (None before a log step after the first step)."""
+    seconds = self.last_time - self.t0
+    if self.last_step <= self.timed_from or seconds <= 0:
+      return None
+    return min(1.0, self.last_waited / seconds)
 
   def step(self, done: int, metrics, learning_rate: float, bar) -> bool:
     """Records step `done`; True when it was a log step."""
@@ -78,6 +110,7 @@ class TrainLog:
       jax.block_until_ready(metrics)
       self.t0 = self.last_time = time.time()
       self.timed_from = self.last_step = done
+      self.waited = self.last_waited = 0.0
       bar.restart_clock()
     if done % self.every and done != self.total_steps:
       return False
@@ -95,7 +128,10 @@ class TrainLog:
       scalars['images_per_sec'] = ((done - self.last_step) *
                                    self.config.batch_size /
                                    (now - self.last_time))
-      speed = f'  {scalars["images_per_sec"]:.0f} img/s'
+      scalars['input_wait'] = min(1.0, (self.waited - self.last_waited) /
+                                  (now - self.last_time))
+      speed = (f'  {scalars["images_per_sec"]:.0f} img/s'
+               f'  input wait {100 * scalars["input_wait"]:.0f}%')
       eta = '  ETA ' + fmt_time((self.total_steps - done) * (now - self.t0) /
                                 (done - self.timed_from))
     self.writer.write_scalars(done, scalars)
@@ -105,6 +141,7 @@ class TrainLog:
       logging.info('step %d/%d  loss %.4f%s%s', done, self.total_steps,
                    scalars['loss'], speed, eta)
     self.last_step, self.last_time = done, now
+    self.last_waited = self.waited
     return True
 
   def online(self, done: int, values: dict[str, float]) -> None:
@@ -121,9 +158,12 @@ class TrainLog:
       write_json(self.path, self.history)
 
   def results(self) -> dict[str, Any]:
-    """results.json's training entries: the final loss, the median images/s
-    and the last value of every online metric."""
+    """results.json's training entries: the final loss, the median images/s,
+    the input wait of this invocation's timed steps and the last value of
+    every online metric."""
     out = {}
+    if (wait := self.input_wait) is not None:
+      out['input_wait'] = round(wait, 4)
     logged = [h for h in self.history if 'loss' in h]
     if logged:
       out['final_loss'] = logged[-1]['loss']
@@ -251,6 +291,22 @@ def plot_run(history, results, embeddings, path: str, *, classes=None,
   fig.savefig(path)
 
 
+# A run that waits for its batches longer than this share of its training
+# time is called input-bound in its summary.
+INPUT_BOUND = 0.1
+
+
+def _input_wait_lines(wait: float | None) -> list[str]:
+  if wait is None:
+    return []
+  line = f'input wait {100 * wait:.0f}% of the training time'
+  if wait < INPUT_BOUND:
+    return [line]
+  return [line + ': input-bound, the devices waited for batches (decoding '
+          'in worker processes, config.dataset.num_workers: '
+          'docs/input_pipeline.md)']
+
+
 def summary(results: dict, workdir: str) -> str:
   """A one-screen text summary of a finished run."""
   rows = [n for n in ('raw_pixels', 'random_init', 'trained')
@@ -275,6 +331,7 @@ def summary(results: dict, workdir: str) -> str:
             f'steps {results.get("steps")}, training {results.get("train_seconds")}'
             f' s, {results.get("images_per_sec", float("nan")):.0f} images/s, '
             f'final loss {results.get("final_loss", float("nan")):.4f}',
+            *_input_wait_lines(results.get('input_wait')),
             f'results: {workdir}/results.json  plot: {workdir}/summary.png',
             f'TensorBoard: tensorboard --logdir {workdir}', '=' * 64]
   return '\n'.join(lines)

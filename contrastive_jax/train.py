@@ -116,7 +116,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   try:
     with progress.bar(total_steps, 'pretraining', initial=start) as bar:
       for step, batch in zip(range(start, total_steps),
-                             batches.iterate(start, total_steps)):
+                             log.input(batches.iterate(start, total_steps))):
         state, metrics = setup.step_fn(
             state, {'views': augment_fn(step, batch['image']),
                     'label': batch['label'], 'index': batch['index']},

@@ -28,12 +28,17 @@ def _flatten(d: dict, prefix: str = '') -> dict:
   return out
 
 
+# Fields that change how a run is computed but not what: a run resumes
+# with another value (e.g. moved to a host with more cores).
+HOW_NOT_WHAT = ('dataset.num_workers',)
+
+
 def check_config(config, workdir: str) -> None:
   """Writes `config.json`, or refuses a workdir that holds another config.
 
   The saved config is completed with the current defaults first
   (`config_lib.with_defaults`), so an option added since the run started is
-  not taken for a difference.
+  not taken for a difference; nor are the fields of `HOW_NOT_WHAT`.
   """
   path = os.path.join(workdir, 'config.json')
   current = json.loads(config.to_json_best_effort(sort_keys=True))
@@ -44,7 +49,7 @@ def check_config(config, workdir: str) -> None:
     diff = ', '.join(
         f'{k}: {flat_prev.get(k)!r} -> {flat_cur.get(k)!r}'
         for k in sorted(set(flat_prev) | set(flat_cur))
-        if flat_prev.get(k) != flat_cur.get(k))
+        if flat_prev.get(k) != flat_cur.get(k) and k not in HOW_NOT_WHAT)
     if diff:
       raise ValueError(
           f'workdir {workdir!r} holds a run of a different config ({diff}). '

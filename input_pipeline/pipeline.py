@@ -35,6 +35,7 @@ from typing import Any
 import grain
 import jax
 import numpy as np
+from absl import logging
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +121,14 @@ class Subset:
   def __len__(self) -> int:
     return len(self.indices)
 
+  def with_threads(self, n: int) -> 'Subset':
+    """This subset of `source.with_threads(n)` (for decoding workers)."""
+    return Subset(self.source.with_threads(n), self.indices)
+
+  def note_skipped(self, found: dict[int, str]) -> None:
+    self.source.note_skipped({int(self.indices[int(j)]): why
+                              for j, why in found.items()})
+
   def read(self, indices, fit=None) -> dict[str, np.ndarray]:
     ids = self.indices[np.asarray(indices, np.int64)]
     return (self.source.read(ids) if fit is None
@@ -151,6 +160,56 @@ def process_slice(global_batch: np.ndarray, process_index: int,
 def _to_mesh(host: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
   return {k: jax.make_array_from_process_local_data(sharding, v)
           for k, v in host.items()}
+
+
+AUTO = -1   # config.dataset.num_workers: choose from the host (`decoding`).
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoding:
+  """Where a streamed split is decoded: `workers` processes (0: this
+  process) with `threads` decoding threads each, and why."""
+  workers: int
+  threads: int
+  why: str
+
+  def __str__(self) -> str:
+    where = (f'{self.workers} worker processes x {self.threads} decoding '
+             f'thread{"s" if self.threads > 1 else ""}' if self.workers else
+             f'{self.threads} threads of the training process')
+    return f'{where} ({self.why})'
+
+
+def decoding(num_workers: int, *, cores: int | None = None,
+             backend: str | None = None) -> Decoding:
+  """Where to decode, from `config.dataset.num_workers` and the host.
+
+  AUTO (-1, the default): on a host whose devices are accelerators, one
+  worker process per core, each decoding on one thread: a process decodes
+  at its core's rate whatever the training process's own Python does,
+  where threads of the training process share its interpreter lock with
+  the loop and the transfers, and stop scaling with the cores when the
+  loop is busy (docs/input_pipeline.md has the measurements). On the CPU
+  backend the devices compute on the same cores, and the training
+  process's threads decode with no copy between processes: threads, one
+  per core (at most 16).
+  N > 0: N processes, sharing the cores (at least one thread each).
+  0: threads of the training process, one per core (at most 16).
+  """
+  cores = cores or len(os.sched_getaffinity(0))
+  if num_workers > 0:
+    return Decoding(num_workers, max(1, cores // num_workers),
+                    'config.dataset.num_workers')
+  if num_workers == 0:
+    return Decoding(0, min(16, cores), 'config.dataset.num_workers=0')
+  if num_workers != AUTO:
+    raise ValueError(f'config.dataset.num_workers={num_workers}: use -1 '
+                     '(chosen from the host), 0 (threads of the training '
+                     'process) or a number of worker processes.')
+  backend = backend or jax.default_backend()
+  if backend == 'cpu':
+    return Decoding(0, min(16, cores), f'auto: {cores} cores, CPU devices')
+  return Decoding(cores, 1, f'auto: {cores} cores, {backend} devices')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,12 +257,13 @@ class TrainBatches:
   Batches drop the remainder of each epoch so every batch is full (MoCo's queue
   needs a constant batch size).
 
-  `num_workers` > 0 decodes in that many worker processes (-1: one per
-  core; grain's multiprocessing prefetch), each reading whole host batches;
-  0 reads in this process on the source's thread pool. Records a worker
-  finds undecodable reach this process's `source.skipped` with the batch.
-  An in-memory `ArrayDataset` always reads in this process (a gather,
-  nothing to decode).
+  `num_workers` (`decoding`: -1 chooses from the host) > 0 decodes in
+  that many worker processes (grain's multiprocessing prefetch), each
+  reading whole host batches on its share of the cores' threads; 0 reads
+  in this process on the source's thread pool. Records a worker finds
+  undecodable reach this process's `source.skipped` with the batch. An
+  in-memory `ArrayDataset` always reads in this process (a gather, nothing
+  to decode).
 
   `fit` (`sources.training_fit`) is how a decoding source makes each image
   an array, taken at each step: `sources.RandomCrops` gives 'image' as
@@ -213,7 +273,7 @@ class TrainBatches:
 
   def __init__(self, source, *, global_batch_size: int, seed: int,
                sharding: jax.sharding.Sharding, prefetch: int = 2,
-               num_workers: int = 0, fit=None):
+               num_workers: int = AUTO, fit=None):
     num_examples = len(source)
     if global_batch_size > num_examples:
       raise ValueError(
@@ -229,12 +289,20 @@ class TrainBatches:
     self.seed = seed
     self.sharding = sharding
     self.prefetch = prefetch
-    if num_workers < 0:   # One per core this process may use.
-      num_workers = len(os.sched_getaffinity(0))
-    self.num_workers = 0 if isinstance(source, ArrayDataset) else num_workers
+    self.decoding = (None if isinstance(source, ArrayDataset)
+                     else decoding(num_workers))
+    self.num_workers = self.decoding.workers if self.decoding else 0
+    if self.decoding:
+      logging.info('Input: decoding %s.', self.decoding)
+    # What the workers decode with: a copy of the source with their share
+    # of the cores as threads (the training process's own keeps its pool).
+    reader = source
+    if self.num_workers and hasattr(source, 'with_threads'):
+      reader = source.with_threads(self.decoding.threads)
     # step -> this process's part of batch `step` (numpy).
-    self.host_batch = _HostBatch(source, seed, num_examples, global_batch_size,
-                                 jax.process_index(), nproc, fit)
+    self.host_batch = _HostBatch(reader, seed, num_examples,
+                                 global_batch_size, jax.process_index(), nproc,
+                                 fit)
     self.steps_per_epoch = self.host_batch.steps_per_epoch
 
   def global_indices(self, step: int) -> np.ndarray:
@@ -248,8 +316,8 @@ class TrainBatches:
 
   def _on_mesh(self, host: dict[str, Any]) -> dict[str, jax.Array]:
     skipped = host.pop('skipped')
-    if skipped and self.num_workers:   # Found in a worker process.
-      self.source.note_skipped(skipped)
+    if skipped and self.host_batch.source is not self.source:
+      self.source.note_skipped(skipped)   # Found by a worker's reader.
     return _to_mesh(host, self.sharding)
 
   def iterate(self, start_step: int, stop_step: int

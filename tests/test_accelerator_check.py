@@ -3,7 +3,7 @@
 benchmarks/accelerator.py runs on a GPU host now and then; this keeps it
 working in between: the ResNet-50 step worker (built by step_lib.build from the
 paper config, compiled, timed over the worker protocol, its cost analysis
-read) and the input-pipeline part, at tiny sizes. The PyTorch peer rows need
+read), the input-rate part and main.py streamed end to end, at tiny sizes. The PyTorch peer rows need
 torch, which the project does not install: without it they are reported
 absent, not failed.
 """
@@ -20,7 +20,7 @@ def test_dry_run_reports_every_part(tmp_path):
   env = dict(os.environ, XLA_FLAGS='', PYTHONPATH=ROOT)
   proc = subprocess.run(
       [sys.executable, os.path.join(ROOT, 'benchmarks', 'accelerator.py'),
-       '--dry', '--parts=peak,r50,input', f'--out={tmp_path}',
+       '--dry', '--parts=peak,r50,input,stream', f'--out={tmp_path}',
        f'--cache_dir={tmp_path / "cache"}', '--torch_python='],
       capture_output=True, text=True, env=env, check=False, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -34,9 +34,24 @@ def test_dry_run_reports_every_part(tmp_path):
   # (32 / 224)^2, so forward + backward (3x) is ~0.5 GFLOP per view.
   assert 0.35e9 < r50['flops_per_image_fwd_bwd'] < 0.65e9
   assert ours['images_per_s'] > 0 and ours['step_ms'] > 0
-  inp = report['input']
-  assert inp['ours_threads_median'] > 0 and inp['peer'] == []
-  assert inp['ours_processes_median'] > 0
-  assert inp['ours_full_image_median'] > 0 and inp['full_image_over_ours'] > 0
-  assert 'full_image' in proc.stdout
+  inp = report['input']['cells']['1']
+  for row in ('ours_processes', 'ours_threads', 'ours_center_square'):
+    assert inp[row][0]['images_per_s'] > 0, row
+  assert 'worker processes' in inp['ours_processes'][0]['decoding']
+  assert 'threads of the training process' in (
+      inp['ours_threads'][0]['decoding'])
+  assert 'no torch interpreter' in inp['peer_host_crops'][0]['error']
+  assert set(report['input']['per_image']) == {
+      f'{d} | {f}' for d in ('PIL, full size', 'PIL, reduced',
+                             'libjpeg-turbo API, full size',
+                             'libjpeg-turbo API, reduced (ours)')
+      for f in ('center_square', 'full_image')}
+  # main.py end to end, streamed and from memory, with the input wait.
+  st = report['stream']
+  for run in ('streamed', 'memory'):
+    assert st[run]['images_per_s'] > 0 and 0 <= st[run]['input_wait'] <= 1
+    assert st[run]['intervals'], run
+  assert 'image_folder' in st['streamed']['command']
+  assert st['peer_error'] == 'no torch interpreter'
+  assert 'stream  main.py ResNet-50 SimCLR' in proc.stdout
   assert 'r50     ours  batch 4' in proc.stdout

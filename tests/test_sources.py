@@ -487,17 +487,22 @@ def test_undecodable_files_become_black_substitutes_named_once(tmp_path,
   assert all(p in str(e.value) for p in bad)
 
 
-@pytest.mark.parametrize('num_workers', [0, 2])
+@pytest.mark.parametrize('num_workers,crops', [
+    (0, False), (2, False), (0, True), (2, True), (pipeline.AUTO, True)])
 def test_resumed_batches_equal_uninterrupted_ones_with_bad_records(
-    tmp_path, num_workers):
+    tmp_path, num_workers, crops):
+  # Threads or worker processes, the centre square or each view's crop of
+  # the full image (train_crop_source='full_image').
   bad = _bad_folder(tmp_path)
   # A resumed process starts with a fresh source that has found nothing.
   first, resumed = (sources.ImageFolder(tmp_path, 'train', image_size=8)
                     for _ in range(2))
   bad_ids = [first.files.index(pathlib.Path(p)) for p in bad]
+  fit = (sources.RandomCrops((((0.08, 1.), (0.75, 4 / 3)), None), seed=2)
+         if crops else None)
   make = lambda src: pipeline.TrainBatches(src, global_batch_size=8, seed=1,
                                            sharding=_sharding(),
-                                           num_workers=num_workers)
+                                           num_workers=num_workers, fit=fit)
   whole = list(make(first).iterate(0, 6))      # 15 examples: 1 step/epoch
   tail = list(make(resumed).iterate(3, 6))
   for want, got in zip(whole[3:], tail):
@@ -603,3 +608,149 @@ def test_every_process_reads_the_same_labels_and_bad_records(tmp_path):
   make_colour_folder(str(tmp_path / 'other'), {'test': dict(d=1)})
   for out in _two_processes([tmp_path / 'data', tmp_path / 'other']):
     assert 'differs between processes' in out.get('error', ''), out
+
+
+# --------------------------------------------------------------------------
+# Decoding: where (threads or worker processes), and how cheaply.
+# --------------------------------------------------------------------------
+
+def test_decoding_is_chosen_from_the_host_unless_the_config_says():
+  auto = pipeline.AUTO
+  # Accelerator hosts: a worker process per core, one decoding thread each.
+  for backend in ('gpu', 'tpu'):
+    d = pipeline.decoding(auto, cores=16, backend=backend)
+    assert (d.workers, d.threads) == (16, 1)
+    assert '16 cores' in str(d) and backend in str(d)
+  # CPU devices share the cores: threads of the training process.
+  d = pipeline.decoding(auto, cores=2, backend='cpu')
+  assert (d.workers, d.threads) == (0, 2)
+  assert pipeline.decoding(auto, cores=64, backend='cpu').threads == 16
+  # The config's number: its processes share the cores' threads.
+  assert (pipeline.decoding(4, cores=16).workers,
+          pipeline.decoding(4, cores=16).threads) == (4, 4)
+  assert pipeline.decoding(8, cores=2).threads == 1
+  assert (pipeline.decoding(0, cores=32).workers,
+          pipeline.decoding(0, cores=32).threads) == (0, 16)
+  with pytest.raises(ValueError, match='num_workers=-3'):
+    pipeline.decoding(-3, cores=4)
+
+
+def test_worker_processes_decode_on_their_share_of_the_cores(folder):
+  src = sources.ImageFolder(folder, 'train', image_size=16)
+  cores = len(os.sched_getaffinity(0))
+  workers = pipeline.TrainBatches(src, global_batch_size=8, seed=3,
+                                  sharding=_sharding(), num_workers=2)
+  reader = workers.host_batch.source
+  assert reader is not src and reader.num_threads == max(1, cores // 2)
+  assert src.num_threads == sources.ImageFolder.num_threads   # Unchanged.
+  threads = pipeline.TrainBatches(src, global_batch_size=8, seed=3,
+                                  sharding=_sharding(), num_workers=0)
+  assert threads.host_batch.source is src
+  # A subset (a holdout, an imbalanced split) reads through the copy, and
+  # what its workers find undecodable reaches the source by its own ids.
+  sub = pipeline.Subset(src, np.arange(10, 30))
+  copy = pipeline.TrainBatches(sub, global_batch_size=8, seed=3,
+                               sharding=_sharding(), num_workers=2)
+  assert copy.host_batch.source.source.num_threads == max(1, cores // 2)
+  sub.note_skipped({3: 'x (OSError)'})
+  assert src.skipped[13] == 'x (OSError)' and sub.skipped == {3: 'x (OSError)'}
+
+
+def test_a_workdir_resumes_with_another_decoding(tmp_path):
+  from contrastive_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.with_defaults(test_config.get_config())
+  workdir_lib.check_config(config, str(tmp_path))
+  config.dataset.num_workers = 6     # How, not what: the same batches.
+  workdir_lib.check_config(config, str(tmp_path))
+  config.dataset.image_size = 20     # What: refused.
+  with pytest.raises(ValueError, match='different config'):
+    workdir_lib.check_config(config, str(tmp_path))
+
+
+def _jpeg(path, height, width, *, gray=False, seed=0, **save):
+  """A smooth colour field plus noise, saved as a JPEG at `path`."""
+  rng = np.random.default_rng(seed)
+  small = rng.integers(0, 256, (4, 5, 3), np.uint8)
+  img = np.asarray(Image.fromarray(small).resize((width, height),
+                                                  Image.BICUBIC), np.float32)
+  img = np.clip(img + rng.normal(0, 8, img.shape), 0, 255).astype(np.uint8)
+  Image.fromarray(img).convert('L' if gray else 'RGB').save(path, 'JPEG',
+                                                            **save)
+  return path
+
+
+@pytest.mark.parametrize('save', [
+    dict(quality=90, subsampling=2),                   # 4:2:0
+    dict(quality=75, subsampling=1),                   # 4:2:2
+    dict(quality=95, subsampling=0),                   # 4:4:4
+    dict(quality=85, progressive=True),
+    dict(quality=85, gray=True),
+    dict(quality=85, cmyk=True)])                      # Through PIL.
+def test_jpegs_decode_like_pil_at_every_reduction(tmp_path, save):
+  save = dict(save)
+  gray, cmyk = save.pop('gray', False), save.pop('cmyk', False)
+  for n, (h, w) in enumerate(((301, 457), (640, 427), (97, 130))):
+    path = _jpeg(tmp_path / f'{n}.jpg', h, w, gray=gray, seed=n, **save)
+    if cmyk:
+      with Image.open(path) as im:
+        im.convert('CMYK').save(path, 'JPEG', quality=90)
+    for k in (1, 2, 4, 8):
+      got, full = sources.load_image(path, 3, lambda *hw, k=k: k)
+      with Image.open(path) as im:
+        if k > 1:   # PIL's own reduction at the same scale.
+          im.draft('RGB', (im.width // k, im.height // k))
+        want = np.asarray(im.convert('RGB'))
+      assert full == (h, w)
+      np.testing.assert_array_equal(got, want, err_msg=f'{h}x{w}, 1/{k}')
+      assert got.shape[:2] == (-(-h // k), -(-w // k))
+  # From the file's bytes (a TFDS record) the same as from its path.
+  got, _ = sources.load_image(path.read_bytes(), 3, lambda *hw: 2)
+  np.testing.assert_array_equal(got, sources.load_image(path, 3,
+                                                        lambda *hw: 2)[0])
+
+
+def test_jpeg_reduction_and_the_centre_squares_match_pils_draft():
+  assert [sources.jpeg_reduction(r) for r in (0.5, 1, 1.99, 2, 3.9, 4,
+                                              7.99, 8, 100)] == [
+                                                  1, 1, 1, 2, 2, 4, 4, 8, 8]
+  # The centre square's reduction is the one PIL's draft(mode, (d, d))
+  # picks for the side d the resize needs: size / fraction.
+  for h, w in ((375, 500), (448, 600), (1000, 2000), (3000, 4000)):
+    for size, fraction in ((224, 1.0), (224, 0.875), (64, 1.0)):
+      d = round(size / fraction)
+      k = sources.CenterSquare(fraction).reduction(0, size)(h, w)
+      assert k == max(s for s in (1, 2, 4, 8) if min(w // d, h // d) >= s)
+
+
+def test_random_crops_of_a_reduced_decode_keep_their_boxes(tmp_path):
+  # A 1,200 x 1,600 photo, crops of at least half its area resized to 64 px:
+  # every box is far larger than 64 px, so the JPEG decodes at 1/8 or 1/4.
+  path = tmp_path / 'big.jpg'
+  ramp = np.tile(np.linspace(0, 255, 1600)[None, :, None], (1200, 1, 3))
+  Image.fromarray(ramp.round().astype(np.uint8)).save(path, quality=95)
+  fit = sources.RandomCrops((((0.5, 1.), (0.75, 4 / 3)),) * 3, seed=0)
+  reductions, diffs = [], []
+  for step in range(6):
+    f = fit.at(step)
+    reduce = f.reduction(7, 64)
+    reductions.append(reduce(1200, 1600))
+    small, full = sources.load_image(path, 3, reduce)
+    whole, _ = sources.load_image(path, 3)
+    assert full == (1200, 1600) and small.shape[0] < 1200
+    got = f(small, 7, 64, 3, full_size=full)
+    want = f(whole, 7, 64, 3)   # The same boxes cut from the full decode.
+    assert got.shape == want.shape == (3, 64, 64, 3)
+    diffs.append(np.abs(got.astype(float) - want).mean())
+    # Columns of the ramp tell where a crop came from: the same place.
+    np.testing.assert_allclose(got[:, 32, :, 0].astype(float),
+                               want[:, 32, :, 0], atol=4)
+  assert min(reductions) >= 2, reductions
+  assert max(diffs) < 1.0, diffs
+  # The image folder's read takes this path: the same crops.
+  os.makedirs(tmp_path / 'f' / 'train' / 'a')
+  shutil.copy(path, tmp_path / 'f' / 'train' / 'a' / 'big.jpg')
+  src = sources.ImageFolder(tmp_path / 'f', 'train', image_size=64)
+  small, full = sources.load_image(path, 3, fit.at(5).reduction(0, 64))
+  np.testing.assert_array_equal(
+      src.read([0], fit=fit.at(5))['image'][0],
+      fit.at(5)(small, 0, 64, 3, full_size=full))

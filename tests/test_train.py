@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -74,6 +75,48 @@ def test_run_writes_results_plot_events_and_checkpoints(full_run):
         assert scalars[tag][h['step']] == pytest.approx(value, rel=1e-6), tag
   for tag, value in floats.items():
     assert scalars[tag][8] == pytest.approx(value, rel=1e-6), tag
+
+
+class _SlowSource:
+  """An in-memory split whose every read takes `delay` seconds more: a
+  stand-in for a decoder too slow for the step (an input-bound run)."""
+
+  def __init__(self, data, delay):
+    self.data, self.delay = data, delay
+    self.num_classes, self.image_shape = data.num_classes, data.image_shape
+    self.classes, self.skipped = data.classes, {}
+
+  def __len__(self):
+    return len(self.data)
+
+  def read(self, indices, fit=None):
+    time.sleep(self.delay)
+    return self.data.read(indices, fit)
+
+
+def test_input_wait_shows_an_input_bound_run(full_run, tmp_path, capsys):
+  # Each training batch takes 0.4 s to read on one of two prefetch threads
+  # while the tiny step takes tens of milliseconds: once the batches read
+  # ahead during the first step's compilation are used, the loop waits
+  # most of the time.
+  config = _config()
+  results = train.train_and_evaluate(
+      config, str(tmp_path), data=(_SlowSource(DATA[0], 0.4), DATA[1]))
+  printed = capsys.readouterr().out
+  assert 0.5 < results['input_wait'] <= 1.0
+  with open(tmp_path / 'results.json') as f:
+    assert json.load(f)['input_wait'] == results['input_wait']
+  with open(tmp_path / 'history.json') as f:
+    history = json.load(f)
+  # Every log step after the compiling first one has its interval's share
+  # (test_run_writes_results_plot_events_and_checkpoints finds the history's
+  # scalars in TensorBoard).
+  waits = [h['input_wait'] for h in history if 'loss' in h]
+  assert len(waits) == 4 and all(0.5 < w <= 1.0 for w in waits[1:]), waits
+  assert 'input-bound' in printed and 'input wait' in printed
+  # The same run fed from memory waits for a smaller share of its time.
+  _, fast = full_run
+  assert 0.0 <= fast['input_wait'] < results['input_wait']
 
 
 def test_main_and_the_modules_of_a_run_import_without_tensorflow():
