@@ -607,9 +607,11 @@ def stream(args, out_dir: str) -> dict:
 
   `configs/papers/simclr.py:imagenet` (each view's crop cut by the host
   from the full image, the rest of the recipe on the device, bf16) over a
-  generated ImageNet-like folder (`input_rate.imagenet_like_folder`),
-  decoding as `pipeline.decoding` chooses, for `steps` steps at batch 256,
-  evaluation off; against (1) the same run fed from memory (the folder's
+  generated ImageNet-like folder (`input_rate.imagenet_like_folder`), and
+  over the same images as a TFDS ArrayRecord dataset (where TensorFlow is
+  there to build it, `input_rate.arrayrecord_of`), decoding as
+  `pipeline.decoding` chooses, for `steps` steps at batch 256, evaluation
+  off; against (1) the same run fed from memory (the folder's
   centre squares as an npz split, the devices cutting the crops: the step's
   own rate) and (2) PyTorch end to end (benchmarks/torch_step_peer.py with
   a DataLoader making SimCLR's recipe in as many workers as cores). Reads
@@ -647,6 +649,16 @@ def stream(args, out_dir: str) -> dict:
                 f'--config.dataset.data_dir={root}'],
       os.path.join(out_dir, 'stream_workdir'),
       os.path.join(out_dir, 'stream.log'))
+  try:   # The pod's format: the same images as a TFDS ArrayRecord set.
+    data_dir = ir.arrayrecord_of(root)
+  except ImportError as e:   # Building it needs TensorFlow.
+    result['arrayrecord_error'] = f'{type(e).__name__}: {e}'
+  else:
+    result['arrayrecord'] = _main_py(
+        common + [f'--config.dataset.name={ir.ARRAYRECORD_NAME}',
+                  f'--config.dataset.data_dir={data_dir}'],
+        os.path.join(out_dir, 'arrayrecord_workdir'),
+        os.path.join(out_dir, 'arrayrecord.log'))
   result['memory'] = _main_py(
       common + ['--config.dataset.name=npz',
                 f'--config.dataset.data_dir={_npz_of(root, size)}',
@@ -760,12 +772,15 @@ def _table(report: dict) -> str:
     peer = (f', PyTorch end to end {st["peer_images_per_s"]:,.0f} '
             f'(ours {st["streamed_over_peer"]:.2f}x)'
             if 'peer_images_per_s' in st else '')
+    arrayrecord = (f', ArrayRecord {st["arrayrecord"]["images_per_s"]:,.0f} '
+                   f'(input wait {100 * st["arrayrecord"]["input_wait"]:.0f}%)'
+                   if 'arrayrecord' in st else '')
     lines.append(
         f'stream  main.py ResNet-50 SimCLR, {st["steps"]} steps of '
         f'{st["batch"]}: streamed {st["streamed"]["images_per_s"]:,.0f} '
         f'images/s (input wait {100 * st["streamed"]["input_wait"]:.0f}%), '
         f'from memory {st["memory"]["images_per_s"]:,.0f} (streamed '
-        f'{st["streamed_over_memory"]:.2f}x){peer}')
+        f'{st["streamed_over_memory"]:.2f}x){arrayrecord}{peer}')
   for part, r in report.items():
     if isinstance(r, dict) and 'error' in r:
       lines.append(f'{part:<7} FAILED: {r["error"][:200]}')

@@ -37,6 +37,9 @@ The protocol:
     an accelerator host (worker processes, one per core, one thread each),
     batches moved to one device; no augmentation (it runs on the
     accelerator, beside the step);
+  - ours, ArrayRecord: the same from the same images stored as a TFDS
+    dataset in the ArrayRecord format (`arrayrecord_of`; the pod's format,
+    read by `sources.TfdsSource`); building it needs TensorFlow;
   - ours, threads: the same decoding on threads of the training process
     (`num_workers=0`);
   - ours, center_square: the default crop source (one decode with JPEG
@@ -77,8 +80,8 @@ PEER = os.path.join(_HERE, 'torch_dataloader_peer.py')
 TORCH_PYTHON = '/tmp/torchvenv/bin/python'
 NUM_CLASSES = 10
 _DATASET_VERSION = 2   # Bump when the generator changes: regenerates caches.
-ROWS = ('ours_processes', 'ours_threads', 'ours_center_square',
-        'peer_host_crops', 'peer_full_recipe')
+ROWS = ('ours_processes', 'ours_arrayrecord', 'ours_threads',
+        'ours_center_square', 'peer_host_crops', 'peer_full_recipe')
 
 
 def log(msg: str) -> None:
@@ -127,6 +130,53 @@ def imagenet_like_folder(cache_dir: str, num_images: int, seed: int = 0,
     json.dump(params, f)
   log(f'  done in {time.time() - t0:.0f} s')
   return root
+
+
+ARRAYRECORD_NAME = 'imagenet_like'
+
+
+def arrayrecord_of(root: str) -> str:
+  """`root`'s train split as a TFDS dataset in the ArrayRecord format, the
+  pod's format (`ARRAYRECORD_NAME` under the returned data_dir), built once.
+
+  The JPEG files' bytes are stored as they are (TFDS's Image feature with
+  JPEG encoding re-encodes nothing for a JPEG path), in the folder's order,
+  so record i decodes to the folder's example i. The builder class is never registered: a reader
+  (main.py, `sources.TfdsSource`) finds the dataset from its files, as it
+  would one prepared on another machine. Building needs TensorFlow.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  data_dir = f'{root}_arrayrecord'
+  split_dir = os.path.join(root, 'train')
+  classes = sorted(os.listdir(split_dir))
+
+  class Builder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """The image folder's train split."""
+    name = ARRAYRECORD_NAME
+    VERSION = tfds.core.Version('1.0.0')
+
+    def _info(self):
+      return tfds.core.DatasetInfo(
+          builder=self, features=tfds.features.FeaturesDict({
+              'image': tfds.features.Image(encoding_format='jpeg'),
+              'label': tfds.features.ClassLabel(names=classes)}),
+          disable_shuffling=True)   # Record i is the folder's example i.
+
+    def _split_generators(self, dl_manager):
+      del dl_manager
+      return {'train': self._generate_examples()}
+
+    def _generate_examples(self):
+      for label, c in enumerate(classes):
+        for f in sorted(os.listdir(os.path.join(split_dir, c))):
+          yield f'{c}/{f}', {'image': os.path.join(split_dir, c, f),
+                             'label': label}
+
+  builder = Builder(data_dir=data_dir, file_format='array_record')
+  if not builder.is_prepared():
+    log(f'writing {root} as ArrayRecord to {data_dir} (once) ...')
+    builder.download_and_prepare()
+  return data_dir
 
 
 def folder_stats(root: str) -> dict:
@@ -184,8 +234,9 @@ def ours_child(args) -> dict:
                            preset='simclr', num_views=2,
                            crop_source=crop_source, num_workers=workers)
   dc = config.dataset
-  source = sources.ImageFolder(dc.data_dir, 'train', image_size=dc.image_size,
-                               fit=sources.source_fit(dc))
+  if row == 'ours_arrayrecord':   # The same images, as a TFDS dataset.
+    dc.name, dc.data_dir = ARRAYRECORD_NAME, args.arrayrecord
+  source = sources.open_split(dc, 'train')
   views = augment.build_views(config.augment.preset, config.augment.num_views,
                               config.augment.overrides,
                               config.augment.op_order)
@@ -288,7 +339,10 @@ def measure(row: str, args, cores: int, busy: bool, seed: int) -> dict:
   common = [f'--batch={args.batch}', f'--warmup={args.warmup}',
             f'--seed={seed}']
   if row.startswith('ours'):
+    if row == 'ours_arrayrecord' and not args.arrayrecord:
+      return {'error': 'no ArrayRecord set (building it needs TensorFlow)'}
     cmd = [sys.executable, os.path.abspath(__file__), f'--_child={row}',
+           f'--arrayrecord={args.arrayrecord}',
            f'--root={args.root}', f'--cores={cores}', f'--timed={args.timed}',
            f'--image_size={args.image_size}',
            f'--ours_workers={args.ours_workers}', *common]
@@ -376,6 +430,7 @@ def main() -> int:
   parser.add_argument('--child_timeout', type=float, default=900)
   parser.add_argument('--_child', default='', help=argparse.SUPPRESS)
   parser.add_argument('--root', default='', help=argparse.SUPPRESS)
+  parser.add_argument('--arrayrecord', default='', help=argparse.SUPPRESS)
   parser.add_argument('--seed', type=int, default=0, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args._child:  # pylint: disable=protected-access
@@ -406,6 +461,11 @@ def main() -> int:
   args.root = imagenet_like_folder(args.cache_dir, args.images,
                                    short_side=(24, 40) if args.dry
                                    else (300, 500))
+  if 'ours_arrayrecord' in rows:
+    try:
+      args.arrayrecord = arrayrecord_of(args.root)
+    except ImportError as e:   # A host without TensorFlow.
+      log(f'no ArrayRecord row: {e}')
   report = {'date': time.strftime('%Y-%m-%d %H:%M:%S %Z'),
             'host_cores': all_cores, 'load_before': os.getloadavg(),
             'data': folder_stats(args.root),
@@ -419,7 +479,8 @@ def main() -> int:
         cell = report['cells'].setdefault(
             f'{c}{"_busy" if busy else ""}', {'cores': c, 'busy': busy})
         for row in rows:
-          if busy and row in ('ours_center_square', 'peer_full_recipe'):
+          if busy and row in ('ours_center_square', 'ours_arrayrecord',
+                              'peer_full_recipe'):
             continue   # The busy rows compare where the decoding runs.
           res = measure(row, args, c, busy, seed=r)
           cell.setdefault(row, []).append(res)

@@ -648,11 +648,11 @@ class TfdsSource(_ThreadedReader):
                        f'{", ".join(builder.info.splits)}.')
     # The encoded image bytes, decoded by `load_image` as an image folder's
     # files are (libjpeg-turbo's API for JPEGs, with the fit's DCT-domain
-    # reduction), rather than by TFDS's full-size PIL decode.
-    self._source = tfds.data_source(
-        name, split=split, data_dir=builder.data_dir_root,
-        decoders={'image': tfds.decode.SkipDecoding()},
-        builder_kwargs={'file_format': 'array_record'})
+    # reduction), rather than by TFDS's full-size PIL decode. From the
+    # builder itself: a dataset prepared elsewhere, whose builder class
+    # this process does not have, reads the same way.
+    self._source = builder.as_data_source(
+        split=split, decoders={'image': tfds.decode.SkipDecoding()})
     features = builder.info.features
     image = features['image']
     self.num_classes = features['label'].num_classes

@@ -48,10 +48,11 @@ def test_dry_run_reports_every_part(tmp_path):
       for f in ('center_square', 'full_image')}
   # main.py end to end, streamed and from memory, with the input wait.
   st = report['stream']
-  for run in ('streamed', 'memory'):
+  for run in ('streamed', 'arrayrecord', 'memory'):
     assert st[run]['images_per_s'] > 0 and 0 <= st[run]['input_wait'] <= 1
     assert st[run]['intervals'], run
   assert 'image_folder' in st['streamed']['command']
+  assert 'dataset.name=imagenet_like' in st['arrayrecord']['command']
   assert st['peer_error'] == 'no torch interpreter'
   assert 'stream  main.py ResNet-50 SimCLR' in proc.stdout
   assert 'r50     ours  batch 4' in proc.stdout

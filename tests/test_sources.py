@@ -27,6 +27,8 @@ from synthetic_data import add_bad_files
 from synthetic_data import make_colour_folder
 from synthetic_data import make_jpeg_folder
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 @pytest.fixture(scope='module')
 def folder(tmp_path_factory):
@@ -754,3 +756,43 @@ def test_random_crops_of_a_reduced_decode_keep_their_boxes(tmp_path):
   np.testing.assert_array_equal(
       src.read([0], fit=fit.at(5))['image'][0],
       fit.at(5)(small, 0, 64, 3, full_size=full))
+
+
+def test_an_arrayrecord_build_of_a_folder_reads_as_the_folder(tmp_path):
+  # The pod's format: the folder's JPEGs as a TFDS ArrayRecord dataset,
+  # read in a process that has no builder class for it (as one prepared on
+  # another machine), gives the folder's own reads: the same decoding path,
+  # centre squares and each view's crop of the full image alike.
+  from benchmarks import input_rate  # pylint: disable=g-import-not-at-top
+  root = tmp_path / 'folder'
+  for i, (h, w) in enumerate(((120, 90), (64, 200), (300, 260), (48, 48))):
+    os.makedirs(root / 'train' / f'class_{i % 2}', exist_ok=True)
+    _jpeg(root / 'train' / f'class_{i % 2}' / f'{i}.jpg', h, w, seed=i,
+          quality=90)
+  data_dir = input_rate.arrayrecord_of(str(root))
+  script = f'''
+import json, sys
+import numpy as np
+sys.path.insert(0, {REPO!r})
+from input_pipeline import sources
+fit = sources.RandomCrops((((0.08, 1.), (0.75, 4 / 3)),) * 2, seed=3).at(7)
+out = {{}}
+for name, src in (
+    ('tfds', sources.TfdsSource({input_rate.ARRAYRECORD_NAME!r}, 'train',
+                                data_dir={data_dir!r}, image_size=24)),
+    ('folder', sources.ImageFolder({str(root)!r}, 'train', image_size=24))):
+  ids = np.arange(len(src))
+  out[name] = [src.read(ids)['image'].tolist(),
+               src.read(ids, fit=fit)['image'].tolist(),
+               src.read(ids)['label'].tolist(), list(src.classes)]
+print('RESULT ' + json.dumps(out))
+'''
+  proc = subprocess.run([sys.executable, '-c', script], capture_output=True,
+                        text=True, timeout=300, env=dict(os.environ))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.split('RESULT ', 1)[1])
+  squares, crops, labels, classes = out['tfds']
+  assert classes == ['class_0', 'class_1'] and labels == [0, 0, 1, 1]
+  assert np.asarray(squares).shape == (4, 24, 24, 3)
+  assert np.asarray(crops).shape == (4, 2, 24, 24, 3)
+  assert out['tfds'] == out['folder']
