@@ -579,9 +579,13 @@ def _main_py(flags: list[str], workdir: str, log_path: str) -> dict:
     results = json.load(f)
   with open(os.path.join(workdir, 'history.json')) as f:
     history = [h for h in json.load(f) if 'images_per_sec' in h]
+  # Medians over the log intervals: the batches read ahead during the
+  # compilation, used in the first intervals, do not count.
+  waits = [h['input_wait'] for h in history if 'input_wait' in h]
   return {'command': ' '.join(cmd[1:]), 'wall_s': wall,
           'images_per_s': results.get('images_per_sec'),
-          'input_wait': results.get('input_wait'),
+          'input_wait': statistics.median(waits) if waits else None,
+          'input_wait_whole_run': results.get('input_wait'),
           'train_s': results.get('train_seconds'),
           'intervals': [{k: h[k] for k in ('step', 'images_per_sec',
                                            'input_wait') if k in h}
@@ -617,7 +621,7 @@ def stream(args, out_dir: str) -> dict:
   a DataLoader making SimCLR's recipe in as many workers as cores). Reads
   images/s and the input wait from results.json and history.json: the
   median over the log intervals, so the batches read ahead during
-  compilation do not count.
+  compilation do not count; the peer warms up for 3 steps per worker.
   """
   from benchmarks import input_rate as ir  # pylint: disable=g-import-not-at-top
   cores = len(os.sched_getaffinity(0))
@@ -673,7 +677,8 @@ def stream(args, out_dir: str) -> dict:
     cmd = [args.torch_python, PEER, '--model=resnet50', f'--batch={batch}',
            f'--image_size={size}', f'--standalone={steps}',
            f'--data_root={os.path.join(root, "train")}',
-           f'--loader_workers={cores}', '--warmup=3']
+           # Warm-up past what the workers read ahead (2 batches each).
+           f'--loader_workers={cores}', f'--warmup={3 * cores}']
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode:
       result['peer_error'] = proc.stderr[-1500:]

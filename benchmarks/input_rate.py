@@ -14,7 +14,8 @@ peer's rows say so and ours are still measured.
 
 The protocol:
 
-* Data: `--images` JPEGs (default 2,048) at ImageNet-like sizes and file
+* Data: `--images` JPEGs (default: 2,048, or what the protocol needs for
+  more cores) at ImageNet-like sizes and file
   sizes (`imagenet_like_folder`: shorter side 300-500 px, aspect ratio
   1-1.5 either way, ~110 KB at quality 90, the ImageNet train set's
   averages), generated once under `--cache_dir`. The set holds more images
@@ -23,7 +24,8 @@ The protocol:
   the warm-up and nothing is read twice.
 * Each measurement is a fresh process pinned to the first C cores
   (`os.sched_setaffinity`, inherited by its workers), for C from 1 to every
-  core (`--cores`): `--warmup` batches (worker start-up, compilation), then
+  core (`--cores`): `--warmup` batches and at least 3 per core (worker
+  start-up; what C workers with 2 batches buffered each hold ahead), then
   the rate over `--timed` batches (default 50), from the receipt of the
   last warm-up batch to that of the last timed one.
 * `--busy` rows run a pure-Python thread spinning in the training process
@@ -237,6 +239,8 @@ def ours_child(args) -> dict:
   if row == 'ours_arrayrecord':   # The same images, as a TFDS dataset.
     dc.name, dc.data_dir = ARRAYRECORD_NAME, args.arrayrecord
   source = sources.open_split(dc, 'train')
+  if workers == 0:   # One decoding thread per core it is given.
+    source.num_threads = args.cores
   views = augment.build_views(config.augment.preset, config.augment.num_views,
                               config.augment.overrides,
                               config.augment.op_order)
@@ -334,9 +338,16 @@ def per_image_table(title: str, costs: dict) -> str:
 # The driver.
 
 
+def warmup_batches(args, cores: int) -> int:
+  """Warm-up batches: `--warmup`, and at least what `cores` workers with
+  2 batches buffered each hold ahead, so the timed window starts with
+  empty buffers (nothing decoded before the clock starts)."""
+  return max(args.warmup, 3 * cores)
+
+
 def measure(row: str, args, cores: int, busy: bool, seed: int) -> dict:
   """One row's measurement in a fresh process: its JSON, or {'error'}."""
-  common = [f'--batch={args.batch}', f'--warmup={args.warmup}',
+  common = [f'--batch={args.batch}', f'--warmup={warmup_batches(args, cores)}',
             f'--seed={seed}']
   if row.startswith('ours'):
     if row == 'ours_arrayrecord' and not args.arrayrecord:
@@ -400,7 +411,9 @@ def main() -> int:
       description=__doc__.split('\n', maxsplit=1)[0],
       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--cache_dir', default='/tmp/contrastive_jax_bench')
-  parser.add_argument('--images', type=int, default=2048)
+  parser.add_argument('--images', type=int, default=0,
+                      help='JPEGs generated (0: the least the protocol needs, '
+                      'at least 2,048).')
   parser.add_argument('--batch', type=int, default=32)
   parser.add_argument('--warmup', type=int, default=8)
   parser.add_argument('--timed', type=int, default=50)
@@ -438,7 +451,7 @@ def main() -> int:
     print(json.dumps(ours_child(args)))
     return 0
   if args.dry:
-    args.images, args.batch, args.warmup, args.timed = 160, 8, 2, 4
+    args.batch, args.warmup, args.timed = 8, 2, 4
     args.image_size, args.rounds = 32, 1
     args.per_image, args.large_images = min(args.per_image, 8), 8
     args.cache_dir = os.path.join(args.cache_dir, 'dry')
@@ -451,9 +464,10 @@ def main() -> int:
   unknown = set(rows) - set(ROWS)
   if unknown:
     parser.error(f'unknown rows {sorted(unknown)}; known: {ROWS}')
-  reads = (args.warmup + args.timed) * args.batch
+  reads = (warmup_batches(args, max(cores)) + args.timed) * args.batch
   # Workers x prefetch batches in flight at most (2 each), 4x over.
   least = max(reads, 4 * max(cores) * 2 * args.batch)
+  args.images = args.images or max(least, 160 if args.dry else 2048)
   if args.images < least:
     parser.error(f'--images={args.images} is below the {least} the protocol '
                  'needs (no image read twice, 4 x workers x prefetch '
@@ -518,7 +532,8 @@ def main() -> int:
         f'{report["data"]["mean_kb"]:.0f} KB, sides '
         f'{report["data"]["mean_short_side"]:.0f} x '
         f'{report["data"]["mean_long_side"]:.0f} px on average; batch '
-        f'{args.batch}, {args.warmup} warm-up + {args.timed} timed batches; '
+        f'{args.batch}, {args.warmup} (at least 3 per core) warm-up + '
+        f'{args.timed} timed batches; '
         f'load average {report["load_before"][0]:.1f} before, '
         f'{report["load_after"][0]:.1f} after')
   errors = [r['error'] for cell in report['cells'].values()

@@ -125,6 +125,10 @@ class Subset:
     """This subset of `source.with_threads(n)` (for decoding workers)."""
     return Subset(self.source.with_threads(n), self.indices)
 
+  @property
+  def in_memory(self) -> bool:
+    return _in_memory(self.source)
+
   def note_skipped(self, found: dict[int, str]) -> None:
     self.source.note_skipped({int(self.indices[int(j)]): why
                               for j, why in found.items()})
@@ -163,6 +167,20 @@ def _to_mesh(host: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
 
 
 AUTO = -1   # config.dataset.num_workers: choose from the host (`decoding`).
+# At most this many worker processes by default: each holds about one host
+# batch in flight, so a host of hundreds of cores would hold hundreds.
+MAX_AUTO_WORKERS = 32
+
+
+def _in_memory(source) -> bool:
+  """Whether reading `source` is a gather from host memory (no decoding)."""
+  return isinstance(source, ArrayDataset) or getattr(source, 'in_memory',
+                                                     False)
+
+
+def _cores() -> int:
+  return (len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
+          else os.cpu_count() or 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +203,8 @@ def decoding(num_workers: int, *, cores: int | None = None,
   """Where to decode, from `config.dataset.num_workers` and the host.
 
   AUTO (-1, the default): on a host whose devices are accelerators, one
-  worker process per core, each decoding on one thread: a process decodes
+  worker process per core (at most `MAX_AUTO_WORKERS`), each decoding on
+  one thread: a process decodes
   at its core's rate whatever the training process's own Python does,
   where threads of the training process share its interpreter lock with
   the loop and the transfers, and stop scaling with the cores when the
@@ -196,7 +215,7 @@ def decoding(num_workers: int, *, cores: int | None = None,
   N > 0: N processes, sharing the cores (at least one thread each).
   0: threads of the training process, one per core (at most 16).
   """
-  cores = cores or len(os.sched_getaffinity(0))
+  cores = cores or _cores()
   if num_workers > 0:
     return Decoding(num_workers, max(1, cores // num_workers),
                     'config.dataset.num_workers')
@@ -209,7 +228,9 @@ def decoding(num_workers: int, *, cores: int | None = None,
   backend = backend or jax.default_backend()
   if backend == 'cpu':
     return Decoding(0, min(16, cores), f'auto: {cores} cores, CPU devices')
-  return Decoding(cores, 1, f'auto: {cores} cores, {backend} devices')
+  return Decoding(min(cores, MAX_AUTO_WORKERS), max(1, cores //
+                                                     MAX_AUTO_WORKERS),
+                  f'auto: {cores} cores, {backend} devices')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,8 +310,7 @@ class TrainBatches:
     self.seed = seed
     self.sharding = sharding
     self.prefetch = prefetch
-    self.decoding = (None if isinstance(source, ArrayDataset)
-                     else decoding(num_workers))
+    self.decoding = None if _in_memory(source) else decoding(num_workers)
     self.num_workers = self.decoding.workers if self.decoding else 0
     if self.decoding:
       logging.info('Input: decoding %s.', self.decoding)
@@ -316,7 +336,8 @@ class TrainBatches:
 
   def _on_mesh(self, host: dict[str, Any]) -> dict[str, jax.Array]:
     skipped = host.pop('skipped')
-    if skipped and self.host_batch.source is not self.source:
+    if skipped and (self.num_workers or
+                    self.host_batch.source is not self.source):
       self.source.note_skipped(skipped)   # Found by a worker's reader.
     return _to_mesh(host, self.sharding)
 

@@ -272,7 +272,9 @@ class RandomCrops:
       image = image[..., None]
     image = _to_channels(image, channels)
     height, width = full_size or image.shape[:2]
-    sy, sx = image.shape[0] / height, image.shape[1] / width
+    # libjpeg's reduced pixel i covers the file's pixels [i k, (i + 1) k)
+    # (the last one fewer when k does not divide the side): scale by 1/k.
+    k = max(1, round(width / image.shape[1]))
     pil = _pil(image)
     views = []
     for box in self._boxes(index, height, width):
@@ -280,12 +282,12 @@ class RandomCrops:
         views.append(fit_square(image, size, channels, squash=self.squash))
         continue
       top, left, h, w = box
-      if (sy, sx) == (1, 1):    # torchvision's crop, then resize.
+      if k == 1:    # torchvision's crop, then resize.
         crop = pil.crop((left, top, left + w, top + h)).resize(
             (size, size), _BILINEAR)
       else:   # The same box in the reduced image's coordinates.
         crop = pil.resize((size, size), _BILINEAR, box=(
-            left * sx, top * sy, (left + w) * sx, (top + h) * sy))
+            left / k, top / k, (left + w) / k, (top + h) / k))
       views.append(_array(crop))
     return np.ascontiguousarray(np.stack(views), dtype=np.uint8)
 
@@ -407,8 +409,11 @@ def load_image(path, channels: int, reduction=None
   if channels == 3 and data[:2] == b'\xff\xd8':
     try:
       height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-      if colorspace in ('YCbCr', 'RGB', 'Gray'):
-        k = reduction(height, width) if reduction else 1
+      k = reduction(height, width) if reduction else 1
+      # simplejpeg picks the smallest of libjpeg-turbo's M/8 scales that
+      # gives the size asked for: 1/k itself unless a side is under 8 k.
+      if colorspace in ('YCbCr', 'RGB', 'Gray') and min(height,
+                                                          width) >= 8 * k:
         image = simplejpeg.decode_jpeg(
             data, colorspace='RGB', min_height=-(-height // k),
             min_width=-(-width // k))
@@ -417,14 +422,18 @@ def load_image(path, channels: int, reduction=None
       # A corrupt or unusual file (simplejpeg raises on libjpeg's warnings
       # too): PIL decides what it is, as for every other file.
       pass
-  mode = 'RGB' if channels == 3 else 'L'
+  mode = {1: 'L', 3: 'RGB', 4: 'RGBA'}.get(channels)
+  if mode is None:
+    raise ValueError(f'images of {channels} channels cannot be decoded; '
+                     'use 1, 3 or 4.')
   with Image.open(io.BytesIO(data) if isinstance(path, bytes) else
                   path) as im:
     full = (im.height, im.width)
     if reduction is not None and im.format == 'JPEG':
+      # draft() picks the largest reduction within the size (and, for one
+      # channel, has libjpeg give the luma plane).
       k = reduction(*full)
-      if k > 1:     # draft() picks the largest reduction within the size.
-        im.draft(mode, (im.width // k, im.height // k))
+      im.draft(mode, (im.width // k, im.height // k))
     if im.mode.startswith('I'):      # 'I;16', 'I;16B', 'I': integer grey.
       image = np.clip(np.round(np.asarray(im, np.float64) / 257), 0,
                       255).astype(np.uint8)
@@ -672,8 +681,11 @@ class TfdsSource(_ThreadedReader):
     local = '://' not in str(builder.data_dir)
     info = os.path.join(builder.data_dir, 'dataset_info.json')
     built = os.path.getmtime(info) if local and os.path.exists(info) else 0
-    key = f'{split} {built}' + (f' {fit.fraction}' if fit.fraction != 1
-                                 else '')
+    # 'load_image 2': decoded by `load_image` (a cache written by TFDS's
+    # own decode is decoded anew).
+    key = f'{split} {built} load_image 2' + (
+        f' {fit.fraction}' if fit.fraction != 1 else '') + (
+            ' squash' if fit.squash else '')
     digest = hashlib.sha1(key.encode()).hexdigest()[:8]
     self.decoded_path = None if not local else (
         os.path.join(builder.data_dir, 'decoded',

@@ -623,6 +623,9 @@ def test_decoding_is_chosen_from_the_host_unless_the_config_says():
     d = pipeline.decoding(auto, cores=16, backend=backend)
     assert (d.workers, d.threads) == (16, 1)
     assert '16 cores' in str(d) and backend in str(d)
+  # A host of hundreds of cores: at most 32 processes, each a share.
+  d = pipeline.decoding(auto, cores=240, backend='tpu')
+  assert (d.workers, d.threads) == (pipeline.MAX_AUTO_WORKERS, 7)
   # CPU devices share the cores: threads of the training process.
   d = pipeline.decoding(auto, cores=2, backend='cpu')
   assert (d.workers, d.threads) == (0, 2)
@@ -656,6 +659,12 @@ def test_worker_processes_decode_on_their_share_of_the_cores(folder):
   assert copy.host_batch.source.source.num_threads == max(1, cores // 2)
   sub.note_skipped({3: 'x (OSError)'})
   assert src.skipped[13] == 'x (OSError)' and sub.skipped == {3: 'x (OSError)'}
+  # Arrays in memory, whole or a subset, have nothing to decode.
+  data = pipeline.ArrayDataset(src.read(np.arange(40))['image'], src.labels)
+  assert pipeline.TrainBatches(pipeline.Subset(data, np.arange(20)),
+                               global_batch_size=8, seed=3,
+                               sharding=_sharding(),
+                               num_workers=2).num_workers == 0
 
 
 def test_a_workdir_resumes_with_another_decoding(tmp_path):
@@ -691,12 +700,17 @@ def _jpeg(path, height, width, *, gray=False, seed=0, **save):
 def test_jpegs_decode_like_pil_at_every_reduction(tmp_path, save):
   save = dict(save)
   gray, cmyk = save.pop('gray', False), save.pop('cmyk', False)
-  for n, (h, w) in enumerate(((301, 457), (640, 427), (97, 130))):
+  # Sides under 8 px (libjpeg-turbo's API would pick a 7/8 scale) and
+  # sides that 2, 4 and 8 do not divide.
+  for n, (h, w) in enumerate(((301, 457), (640, 427), (97, 130), (5, 7),
+                              (9, 14))):
     path = _jpeg(tmp_path / f'{n}.jpg', h, w, gray=gray, seed=n, **save)
     if cmyk:
       with Image.open(path) as im:
         im.convert('CMYK').save(path, 'JPEG', quality=90)
     for k in (1, 2, 4, 8):
+      if min(h, w) < k:
+        continue
       got, full = sources.load_image(path, 3, lambda *hw, k=k: k)
       with Image.open(path) as im:
         if k > 1:   # PIL's own reduction at the same scale.
@@ -725,20 +739,21 @@ def test_jpeg_reduction_and_the_centre_squares_match_pils_draft():
 
 
 def test_random_crops_of_a_reduced_decode_keep_their_boxes(tmp_path):
-  # A 1,200 x 1,600 photo, crops of at least half its area resized to 64 px:
-  # every box is far larger than 64 px, so the JPEG decodes at 1/8 or 1/4.
+  # A 1,203 x 1,597 photo (sides no reduction divides), crops of at least
+  # half its area resized to 64 px: every box is far larger than 64 px, so
+  # the JPEG decodes at 1/8 or 1/4.
   path = tmp_path / 'big.jpg'
-  ramp = np.tile(np.linspace(0, 255, 1600)[None, :, None], (1200, 1, 3))
+  ramp = np.tile(np.linspace(0, 255, 1597)[None, :, None], (1203, 1, 3))
   Image.fromarray(ramp.round().astype(np.uint8)).save(path, quality=95)
   fit = sources.RandomCrops((((0.5, 1.), (0.75, 4 / 3)),) * 3, seed=0)
   reductions, diffs = [], []
   for step in range(6):
     f = fit.at(step)
     reduce = f.reduction(7, 64)
-    reductions.append(reduce(1200, 1600))
+    reductions.append(reduce(1203, 1597))
     small, full = sources.load_image(path, 3, reduce)
     whole, _ = sources.load_image(path, 3)
-    assert full == (1200, 1600) and small.shape[0] < 1200
+    assert full == (1203, 1597) and small.shape[0] < 1203
     got = f(small, 7, 64, 3, full_size=full)
     want = f(whole, 7, 64, 3)   # The same boxes cut from the full decode.
     assert got.shape == want.shape == (3, 64, 64, 3)
