@@ -92,15 +92,6 @@ class TrainLog:
       self.waited += time.perf_counter() - t
       yield batch
 
-  @property
-  def input_wait(self) -> float | None:
-    """The share of the timed training time, up to the last log step, spent
-    waiting for batches (None before a log step after the first step)."""
-    seconds = self.last_time - self.t0
-    if self.last_step <= self.timed_from or seconds <= 0:
-      return None
-    return min(1.0, self.last_waited / seconds)
-
   def step(self, done: int, metrics, learning_rate: float, bar) -> bool:
     """Records step `done`; True when it was a log step."""
     bar.update(1)
@@ -162,8 +153,9 @@ class TrainLog:
     the input wait of this invocation's timed steps and the last value of
     every online metric."""
     out = {}
-    if (wait := self.input_wait) is not None:
-      out['input_wait'] = round(wait, 4)
+    seconds = self.last_time - self.t0   # Up to the last log step.
+    if self.last_step > self.timed_from and seconds > 0:
+      out['input_wait'] = round(min(1.0, self.last_waited / seconds), 4)
     logged = [h for h in self.history if 'loss' in h]
     if logged:
       out['final_loss'] = logged[-1]['loss']

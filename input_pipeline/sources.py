@@ -442,13 +442,6 @@ def load_image(path, channels: int, reduction=None
   return (image[..., None] if image.ndim == 2 else image), full
 
 
-def decode_image(path, size: int, channels: int) -> np.ndarray:
-  """An image file -> [size, size, channels] uint8 (`fit_square`)."""
-  fit = CenterSquare()
-  image, _ = load_image(path, channels, fit.reduction(0, size))
-  return fit_square(image, size, channels)
-
-
 class _ThreadedReader:
   """Reads examples one by one on a thread pool (decoders release the GIL).
 
