@@ -2,8 +2,10 @@
 
 Saving is asynchronous (training continues while the previous state is written)
 and the last `max_to_keep` checkpoints are kept. Orbax writes each step to a
-temporary directory and renames it when complete, so a run killed mid-save
-leaves at most an unfinished directory that is never listed; a finished but
+temporary directory and renames it when complete (on `gs://`, where nothing
+renames, into the step's directory, completed by a last `commit_success.txt`
+object), so a run killed mid-save leaves at most an unfinished directory that
+is never listed; a finished but
 unreadable checkpoint is skipped with a warning in favour of the one before.
 A run never loses its progress silently: `save` refuses a state with a
 non-finite value and raises when Orbax declines to write a step, and
@@ -32,6 +34,8 @@ from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from contrastive_jax import storage
+
 
 REPLICA_PARALLEL_MIN_BYTES = 1 << 20
 
@@ -53,7 +57,7 @@ def create_manager(workdir: str, *, max_to_keep: int = 3
   options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
                                          enable_async_checkpointing=True)
   return ocp.CheckpointManager(
-      os.path.join(os.path.abspath(workdir), 'checkpoints'), options=options,
+      os.path.join(storage.location(workdir), 'checkpoints'), options=options,
       item_handlers=_handler())
 
 
@@ -197,8 +201,8 @@ def restore_variables(workdir: str, model, image_shape: Sequence[int], mesh,
   Raises:
     FileNotFoundError: no (readable) checkpoint.
   """
-  directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
-  if not os.path.isdir(directory):
+  directory = os.path.join(storage.location(workdir), 'checkpoints')
+  if not storage.path(directory).is_dir():
     raise FileNotFoundError(f'no checkpoints in {directory}.')
   replicated = NamedSharding(mesh, P())
   shapes = jax.eval_shape(

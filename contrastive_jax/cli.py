@@ -70,11 +70,14 @@ def train(argv=None) -> None:
     _start(FLAGS.progress)
     from absl import logging  # pylint: disable=g-import-not-at-top
     from contrastive_jax import train as train_lib  # pylint: disable=g-import-not-at-top
+    from contrastive_jax import storage  # pylint: disable=g-import-not-at-top
     try:
       train_lib.train_and_evaluate(FLAGS.config, FLAGS.workdir)
     except train_lib.Preempted as e:
       logging.warning('%s', e)
       sys.exit(143)   # 128 + SIGTERM, as if the signal had ended the process.
+    except storage.StorageError as e:
+      sys.exit(f'StorageError: {e}')   # Nothing ran: no traceback.
 
   app.run(main, argv=argv)
 
@@ -103,13 +106,17 @@ def evaluate(argv=None) -> None:
       raise app.UsageError(f'unexpected arguments: {args[1:]}')
     _start(FLAGS.progress)
     from contrastive_jax import eval_checkpoint  # pylint: disable=g-import-not-at-top
-    results = eval_checkpoint.evaluate_checkpoint(
-        FLAGS.workdir, FLAGS.outdir, step=FLAGS.step,
-        knn_ks=tuple(int(k) for k in FLAGS.knn_ks),
-        linear_eval=FLAGS.linear_eval,
-        linear_eval_epochs=FLAGS.linear_eval_epochs,
-        diagnostics=FLAGS.diagnostics, cacr_t_neg=FLAGS.cacr_t_neg,
-        seed=FLAGS.seed)
+    from contrastive_jax import storage  # pylint: disable=g-import-not-at-top
+    try:
+      results = eval_checkpoint.evaluate_checkpoint(
+          FLAGS.workdir, FLAGS.outdir, step=FLAGS.step,
+          knn_ks=tuple(int(k) for k in FLAGS.knn_ks),
+          linear_eval=FLAGS.linear_eval,
+          linear_eval_epochs=FLAGS.linear_eval_epochs,
+          diagnostics=FLAGS.diagnostics, cacr_t_neg=FLAGS.cacr_t_neg,
+          seed=FLAGS.seed)
+    except storage.StorageError as e:
+      sys.exit(f'StorageError: {e}')   # Nothing ran: no traceback.
     width = max(len(k) for k in results)
     for k in sorted(results):
       print(f'{k:<{width}}  {results[k]}')

@@ -23,6 +23,7 @@ from contrastive_jax import losses
 from contrastive_jax import methods
 from contrastive_jax import optim
 from contrastive_jax import schedules
+from contrastive_jax import storage
 from input_pipeline import augment
 from input_pipeline import sources
 
@@ -95,11 +96,11 @@ def with_defaults(config: ml_collections.ConfigDict | dict[str, Any]
 def load(workdir: str) -> ml_collections.ConfigDict:
   """A run's config from `<workdir>/config.json`, with the defaults."""
   path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(path):
+  text = storage.read_text(path)
+  if text is None:
     raise FileNotFoundError(f'{path} not found: is {workdir!r} the --workdir '
                             'of a training run?')
-  with open(path) as f:
-    return with_defaults(json.load(f))
+  return with_defaults(json.loads(text))
 
 
 def validate(config, num_devices: int | None = None) -> None:

@@ -26,6 +26,7 @@ from contrastive_jax import config_lib
 from contrastive_jax import data as data_lib
 from contrastive_jax import runtime
 from contrastive_jax import step as step_lib
+from contrastive_jax import storage
 from contrastive_jax import workdir as workdir_lib
 
 
@@ -71,12 +72,14 @@ def load_encoder(workdir: str, *, step: int | None = None,
   """The encoder of the run in `workdir` at its newest readable checkpoint.
 
   Args:
-    workdir: a training run's --workdir (config.json, checkpoints/).
+    workdir: a training run's --workdir (config.json, checkpoints/): a
+      local path or an object store URL (`gs://bucket/run`).
     step: a checkpoint step instead of the newest.
     image_shape: (H, W, C) of the run's images; by default the run's
       `data.json`, else (a run that did not write one) its dataset's, which
       is opened for it.
   """
+  storage.check(workdir, what='workdir', write=False)
   config = config_lib.load(workdir)
   classes = workdir_lib.load_classes(workdir)
   image_shape = image_shape or workdir_lib.load_image_shape(workdir)

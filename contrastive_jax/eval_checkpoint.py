@@ -33,6 +33,7 @@ from contrastive_jax import evaluators
 from contrastive_jax import reporting
 from contrastive_jax import runtime
 from contrastive_jax import step as step_lib
+from contrastive_jax import storage
 from contrastive_jax import workdir as workdir_lib
 from contrastive_jax.evaluators import features
 
@@ -67,9 +68,13 @@ def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
     The results dict written to `<outdir>/results.json`.
   """
   t0 = time.time()
+  storage.check(workdir, what='--workdir', write=False)
   config = config_lib.load(workdir)
   outdir = outdir or os.path.join(workdir, 'eval')
-  os.makedirs(outdir, exist_ok=True)
+  storage.check(outdir, what='--outdir', write=True)
+  if config.dataset.data_dir:
+    storage.check(config.dataset.data_dir, what='config.dataset.data_dir',
+                  write=False)
   # The run's stored class list: an image folder is labelled as in training.
   train_data, test_data = data or data_lib.load(
       config, workdir_lib.load_classes(workdir))
@@ -101,7 +106,7 @@ def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
   results, _ = evaluators.run_final(evaluators.build(config),
                                     {'trained': variables}, env,
                                     baselines=False)
-  results.update({'workdir': os.path.abspath(workdir),
+  results.update({'workdir': storage.location(workdir),
                   'checkpoint_step': restored_step,
                   'encoder': config.model.encoder, 'loss': config.loss})
   results.update(data_lib.count_skipped(

@@ -15,31 +15,39 @@ import socket
 import time
 from typing import Mapping
 
-from etils import epath
 from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.summary.writer import record_writer
 
+from contrastive_jax import storage
+
 
 class EventWriter:
-  """Appends scalar summaries to one event file in `logdir`.
+  """Appends scalar summaries to event files in `logdir`.
 
   `logdir=None` gives a writer that writes nothing (the processes other than
-  process 0 of a multi-host run). Paths go through `etils.epath`, so a
-  `gs://` workdir works where TensorFlow or gcsfs is installed.
+  process 0 of a multi-host run). Paths go through `storage` (`etils.epath`),
+  so a `gs://` workdir holds the events too. `flush` makes what is written
+  so far durable: a local file is flushed; on an object store, where a file
+  is one object uploaded when it is closed, the file is closed and the next
+  scalars start a new one (TensorBoard reads every event file of a folder).
   """
 
   def __init__(self, logdir: str | os.PathLike | None):
     self._file = self._records = None
-    if logdir is None:
-      return
-    path = epath.Path(logdir)
-    path.mkdir(parents=True, exist_ok=True)
+    self._dir = None if logdir is None else storage.path(logdir)
+    self._remote = logdir is not None and storage.is_remote(logdir)
+    self._count = 0
+
+  def _open(self) -> None:
+    self._dir.mkdir(parents=True, exist_ok=True)
     # TensorBoard's naming (`events.out.tfevents.<seconds>.<host>`), plus the
-    # pid so that two writers started in the same second never share a file.
+    # pid so that two writers started in the same second never share a file,
+    # and a count for the files of one writer.
     name = (f'events.out.tfevents.{int(time.time())}.{socket.gethostname()}.'
-            f'{os.getpid()}')
-    self._file = (path / name).open('wb')
+            f'{os.getpid()}.{self._count}')
+    self._count += 1
+    self._file = (self._dir / name).open('wb')
     self._records = record_writer.RecordWriter(self._file)
     self._write(event_pb2.Event(file_version='brain.Event:2'))
 
@@ -49,11 +57,21 @@ class EventWriter:
 
   def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
     """One event at `step` holding each scalar as a `simple_value`."""
-    if self._records is None:
+    if self._dir is None:
       return
+    if self._file is None:
+      self._open()
     self._write(event_pb2.Event(step=int(step), summary=summary_pb2.Summary(
         value=[summary_pb2.Summary.Value(tag=tag, simple_value=float(value))
                for tag, value in scalars.items()])))
+
+  def flush(self) -> None:
+    if self._file is None:
+      return
+    if self._remote:
+      self.close()
+    else:
+      self._file.flush()
 
   def close(self) -> None:
     if self._file is not None:

@@ -20,21 +20,19 @@ from absl import logging
 
 from contrastive_jax import event_writer
 from contrastive_jax import progress
+from contrastive_jax import storage
 
 
 def write_json(path: str, obj) -> None:
-  """Writes `obj` to `path` atomically: never a half-written file."""
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  """Writes `obj` to `path` (local or remote) atomically: never a
+  half-written file (`storage.write_atomic`)."""
+  storage.write_atomic(path, json.dumps(obj, indent=2, sort_keys=True))
 
 
 def read_json(path: str, default=None):
-  if not os.path.exists(path):
-    return default
-  with open(path) as f:
-    return json.load(f)
+  """The JSON in `path`, or `default` when there is no such file."""
+  text = storage.read_text(path)
+  return default if text is None else json.loads(text)
 
 
 def fmt_time(seconds: float) -> str:
@@ -145,6 +143,8 @@ class TrainLog:
         f'{k} {v:.4f}' for k, v in values.items()))
 
   def save(self) -> None:
+    """history.json and the TensorBoard events so far, with a checkpoint."""
+    self.writer.flush()
     if jax.process_index() == 0:
       write_json(self.path, self.history)
 
@@ -280,7 +280,7 @@ def plot_run(history, results, embeddings, path: str, *, classes=None,
   for ax in axes[1, 1 + len(shown):]:
     ax.set_axis_off()
   fig.tight_layout()
-  fig.savefig(path)
+  storage.save_figure(fig, path)
 
 
 # A run that waits for its batches longer than this share of its training

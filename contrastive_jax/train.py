@@ -35,6 +35,7 @@ from contrastive_jax import progress
 from contrastive_jax import reporting
 from contrastive_jax import runtime
 from contrastive_jax import step as step_lib
+from contrastive_jax import storage
 from contrastive_jax import workdir as workdir_lib
 from contrastive_jax.evaluators import features
 from input_pipeline import augment
@@ -160,6 +161,12 @@ def _prepare(config, workdir: str, data):
   compilation or training."""
   config = config_lib.with_defaults(config)
   config_lib.validate(config)
+  # A bucket that cannot be reached fails here, not at the first checkpoint;
+  # on every host (one failing alone would leave the others waiting).
+  storage.check(workdir, what='--workdir', write=True)
+  if config.dataset.data_dir:
+    storage.check(config.dataset.data_dir, what='config.dataset.data_dir',
+                  write=False)
   workdir_lib.check_config(config, workdir)
   stored_classes = workdir_lib.load_classes(workdir)
   train_data, test_data = data or data_lib.load(config, stored_classes)

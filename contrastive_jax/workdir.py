@@ -16,6 +16,7 @@ import jax
 
 from contrastive_jax import config_lib
 from contrastive_jax import reporting
+from contrastive_jax import storage
 
 
 def _flatten(d: dict, prefix: str = '') -> dict:
@@ -42,7 +43,7 @@ def check_config(config, workdir: str) -> None:
   """
   path = os.path.join(workdir, 'config.json')
   current = json.loads(config.to_json_best_effort(sort_keys=True))
-  if os.path.exists(path):
+  if storage.path(path).exists():
     previous = json.loads(config_lib.load(workdir).to_json_best_effort(
         sort_keys=True))
     flat_prev, flat_cur = _flatten(previous), _flatten(current)
@@ -56,7 +57,6 @@ def check_config(config, workdir: str) -> None:
           'Use a new --workdir, or delete this one to start over; nothing '
           'was changed.')
     return
-  os.makedirs(workdir, exist_ok=True)
   if jax.process_index() == 0:
     reporting.write_json(path, current)
 

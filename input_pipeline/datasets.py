@@ -24,6 +24,8 @@ import struct
 import tensorflow_datasets as tfds  # Imported early: see sources.py.
 from absl import logging
 
+from contrastive_jax import storage
+
 DEBIAN_FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
 FILE_FORMAT = 'array_record'
 
@@ -154,9 +156,11 @@ def get_builder(name: str, data_dir: str | None = None, *,
           f'{name} --file_format={FILE_FORMAT}`).')
     return builder
 
-  if name == 'fashion_mnist' and _debian_files_present(fashion_mnist_source):
+  if (name == 'fashion_mnist' and not storage.is_remote(data_dir or '') and
+      _debian_files_present(fashion_mnist_source)):
     # Several processes may start at once (test workers, a notebook next to a
-    # run): one builds, the others wait and find it prepared.
+    # run): one builds, the others wait and find it prepared (a local lock
+    # file: an object store data_dir holds a copy prepared elsewhere).
     with _build_lock(builder.data_dir_root, name):
       # Anew: a builder made before another process prepared the data holds
       # empty dataset info.

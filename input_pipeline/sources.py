@@ -67,6 +67,7 @@ from collections.abc import Sequence
 import numpy as np
 import simplejpeg
 from PIL import Image
+from PIL import UnidentifiedImageError
 # Imported with this module, never first inside a function: TFDS imports its
 # own dependencies under etils' `lazy_imports`, which replaces
 # `builtins.__import__` while it runs. A garbage collection that lands in
@@ -76,6 +77,8 @@ from PIL import Image
 # exists.
 import tensorflow_datasets as tfds
 from absl import logging
+
+from contrastive_jax import storage
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 _BILINEAR = Image.Resampling.BILINEAR
@@ -405,7 +408,7 @@ def load_image(path, channels: int, reduction=None
   so the same pixels as PIL at every reduction (tests/test_sources.py),
   in about two thirds of the time on this CPU. The rest go through PIL.
   """
-  data = path if isinstance(path, bytes) else pathlib.Path(path).read_bytes()
+  data = path if isinstance(path, bytes) else _read_bytes(path)
   if channels == 3 and data[:2] == b'\xff\xd8':
     try:
       height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
@@ -426,8 +429,16 @@ def load_image(path, channels: int, reduction=None
   if mode is None:
     raise ValueError(f'images of {channels} channels cannot be decoded; '
                      'use 1, 3 or 4.')
-  with Image.open(io.BytesIO(data) if isinstance(path, bytes) else
-                  path) as im:
+  try:
+    im = Image.open(io.BytesIO(data))
+  except UnidentifiedImageError:
+    if isinstance(path, bytes):
+      raise
+    # Named by the file, as PIL names a file it opens itself (not by the
+    # buffer's address, which differs between processes).
+    raise UnidentifiedImageError(
+        f'cannot identify image file {str(path)!r}') from None
+  with im:
     full = (im.height, im.width)
     if reduction is not None and im.format == 'JPEG':
       # draft() picks the largest reduction within the size (and, for one
@@ -530,22 +541,79 @@ class _ThreadedReader:
     return pipeline.ArrayDataset.from_source(self)
 
 
-def _visible_dirs(path) -> list[str]:
-  """Sorted names of the sub-directories of `path`, hidden ones left out."""
-  with os.scandir(path) as it:
-    return sorted(e.name for e in it
-                  if e.is_dir() and not e.name.startswith('.'))
+def _read_bytes(path) -> bytes:
+  """A file's bytes: local, or remote (`gs://...`) through `storage`."""
+  if storage.is_remote(path):
+    return storage.path(path).read_bytes()
+  with open(path, 'rb') as f:
+    return f.read()
+
+
+def _remote_fs(path):
+  """(fsspec filesystem, path within it) of a remote URL."""
+  import fsspec  # pylint: disable=g-import-not-at-top
+  storage.configure()
+  fs, inner = fsspec.core.url_to_fs(str(path))
+  return fs, inner.rstrip('/')
+
+
+def _entries(path) -> list[str]:
+  """The sorted visible (not dot-prefixed) names in folder `path`, folders
+  with a trailing '/'."""
+  if storage.is_remote(path):
+    fs, inner = _remote_fs(path)
+    names = [e['name'].rstrip('/').rsplit('/', 1)[-1] +
+             ('/' if e['type'] == 'directory' else '')
+             for e in fs.ls(inner, detail=True)]
+  else:
+    # Neither a folder nor a file (a broken link): '?', never an image.
+    with os.scandir(path) as it:
+      names = [e.name + ('/' if e.is_dir() else '' if e.is_file() else '?')
+               for e in it]
+  return sorted(n for n in names if not n.startswith('.'))
+
+
+def _tree(path) -> dict[str, list[str]]:
+  """Folder `path` two levels down: {'': `_entries(path)`, d: `_entries` of
+  each sub-folder d}. A remote folder is read with one recursive listing of
+  its objects (fsspec's `find`): asking an object store about each folder
+  or file would be a request per image."""
+  if not storage.is_remote(path):
+    top = _entries(path)
+    return {'': top, **{d: _entries(os.path.join(path, d))
+                        for d in _dirs(top)}}
+  fs, inner = _remote_fs(path)
+  tree: dict[str, set[str]] = {}
+  for obj in fs.find(inner, withdirs=False, detail=False):
+    parts = obj[len(inner) + 1:].split('/')
+    if not parts[-1] or any(p.startswith('.') for p in parts):
+      continue
+    tree.setdefault('', set()).add(parts[0] + ('/' if len(parts) > 1 else ''))
+    if len(parts) > 1:
+      tree.setdefault(parts[0], set()).add(
+          parts[1] + ('/' if len(parts) > 2 else ''))
+  return {k: sorted(v) for k, v in tree.items()}
+
+
+def _dirs(names) -> list[str]:
+  """The folder names among `_entries`' names."""
+  return [n[:-1] for n in names if n.endswith('/')]
+
+
+def _is_dir(path) -> bool:
+  return storage.path(path).is_dir() if storage.is_remote(path) else (
+      os.path.isdir(path))
 
 
 def folder_classes(root: str | os.PathLike) -> tuple[str, ...]:
   """The class list of an image folder: the sorted union of the class folder
   names of all its splits (as TFDS's ImageFolder builder), so that a class
   has the same id in every split, whichever splits lack it."""
-  root = pathlib.Path(root)
-  if not root.is_dir():
+  if not _is_dir(root):
     return ()
-  return tuple(sorted({c for split in _visible_dirs(root)
-                       for c in _visible_dirs(root / split)}))
+  root = os.fspath(root).rstrip('/')
+  return tuple(sorted({c for split in _dirs(_entries(root))
+                       for c in _dirs(_entries(f'{root}/{split}'))}))
 
 
 class ImageFolder(_ThreadedReader):
@@ -566,16 +634,18 @@ class ImageFolder(_ThreadedReader):
                fit: CenterSquare = CenterSquare()):
     super().__init__()
     self.fit = fit
-    split_dir = pathlib.Path(root) / split
-    if not split_dir.is_dir():
-      have = _visible_dirs(root) if pathlib.Path(root).is_dir() else []
+    root = os.fspath(root).rstrip('/')
+    split_dir = f'{root}/{split}'
+    if not _is_dir(split_dir):
+      have = _dirs(_entries(root)) if _is_dir(root) else []
       raise FileNotFoundError(
           f'image folder split {str(split_dir)!r} does not exist (splits '
           f'there: {have or "none"}); lay images out as '
           '<config.dataset.data_dir>/<split>/<class>/<image>.')
     self.classes = tuple(folder_classes(root) if classes is None
                          else classes)
-    found = _visible_dirs(split_dir)
+    tree = _tree(split_dir)
+    found = _dirs(tree.get('', []))
     unknown = sorted(set(found) - set(self.classes))
     if unknown:
       raise ValueError(
@@ -584,22 +654,21 @@ class ImageFolder(_ThreadedReader):
           'the class ids it started with; train on new classes in a new '
           '--workdir.')
     self.files, labels, ignored = [], [], []
+    # pathlib paths, or epath's for a remote folder (the same interface).
+    base = (storage.path(split_dir) if storage.is_remote(split_dir) else
+            pathlib.Path(split_dir))
     for label, name in enumerate(self.classes):
       if name not in found:
         continue
-      with os.scandir(split_dir / name) as it:
-        entries = sorted((e for e in it if not e.name.startswith('.')),
-                         key=lambda e: e.name)
-      for e in entries:
-        if e.is_file() and os.path.splitext(e.name)[1].lower() in (
-            IMAGE_EXTENSIONS):
-          self.files.append(pathlib.Path(e.path))
+      for entry in tree.get(name, []):
+        path = base / name / entry
+        if os.path.splitext(entry)[1].lower() in IMAGE_EXTENSIONS:
+          self.files.append(path)
           labels.append(label)
         else:
-          ignored.append(e.path)
-    with os.scandir(split_dir) as it:
-      ignored += sorted(e.path for e in it
-                        if not e.is_dir() and not e.name.startswith('.'))
+          ignored.append(str(path).rstrip('?'))
+    ignored += [f'{split_dir}/{entry.rstrip("?")}' for entry in tree.get(
+        '', []) if not entry.endswith('/')]
     if ignored:
       logging.warning('%s: ignoring %d entries that are not %s files in a '
                       'class folder: %s', split_dir, len(ignored),
@@ -754,12 +823,17 @@ def read_npz(root: str | os.PathLike, split: str):
                      f'{str(root)!r} without ".npz", optionally sliced as '
                      "'name[a:b]' with integer bounds, e.g. 'train[:2048]'.")
   name, start, stop = match.groups()
-  path = pathlib.Path(root) / f'{name}.npz'
-  if not path.is_file():
-    have = sorted(p.stem for p in pathlib.Path(root).glob('*.npz'))
-    raise FileNotFoundError(f'npz split {str(path)!r} does not exist (splits '
-                            f'there: {", ".join(have) or "none"}).')
-  with np.load(path) as f:
+  path = f'{os.fspath(root).rstrip("/")}/{name}.npz'
+  try:
+    # A remote file is read whole first (np.load seeks); a local one as is.
+    data = io.BytesIO(_read_bytes(path)) if storage.is_remote(path) else (
+        open(path, 'rb'))   # pylint: disable=consider-using-with
+  except (FileNotFoundError, IsADirectoryError):
+    have = [n[:-4] for n in _entries(root) if n.endswith('.npz')] if (
+        _is_dir(root)) else []
+    raise FileNotFoundError(f'npz split {path!r} does not exist (splits '
+                            f'there: {", ".join(have) or "none"}).') from None
+  with data, np.load(data) as f:
     if not {'image', 'label'} <= set(f.files):
       raise ValueError(f'{path} holds {f.files}; it needs the arrays "image" '
                        '[M, H, W, C] uint8 and "label" [M] int.')

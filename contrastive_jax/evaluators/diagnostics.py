@@ -36,6 +36,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import progress
+from contrastive_jax import storage
 from contrastive_jax.evaluators import base
 from contrastive_jax.losses.baselines import alignment
 from contrastive_jax.losses.baselines import uniformity
@@ -293,7 +294,7 @@ def _new_figure():
 
 def _save(fig, path: str) -> None:
   fig.tight_layout()
-  fig.savefig(path, format='png')
+  storage.save_figure(fig, path)
 
 
 def _to_host(*arrays, mask) -> list[np.ndarray]:
