@@ -73,16 +73,17 @@ def _fs(url):
   # control plane (over gRPC, at the endpoint) whether a bucket is zonal.
   from gcsfs import core  # pylint: disable=g-import-not-at-top
   return core.GCSFileSystem(endpoint_url=url, token='anon',
-                            skip_instance_cache=True)
+                            skip_instance_cache=True,
+                            use_listings_cache=False)
 
 
-def _env(url, devices=8):
+def _env(url):
   env = {k: v for k, v in os.environ.items()
          if not k.startswith(('STORAGE_EMULATOR', 'TENSORSTORE_GCS',
                               'CLOUD_STORAGE', 'GOOGLE_APPLICATION'))}
   env.update(STORAGE_EMULATOR_HOST=url, PYTHONPATH=REPO,
              TF_CPP_MIN_LOG_LEVEL='2',
-             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+             XLA_FLAGS='--xla_force_host_platform_device_count=8')
   return env
 
 
@@ -182,53 +183,76 @@ def _last(stderr):
   return stderr.strip().splitlines()[-1]
 
 
-def test_gs_workdir_trains_resumes_evaluates_and_loads(gcs, folder,
-                                                       tmp_path):
-  """main.py on gs://bucket/run, streaming a gs:// image folder: SIGTERM
-  once checkpoint 2 is in the bucket, resume to the end, then
-  contrastive-jax-eval and load_encoder on the same URL. The bucket holds
-  every file of the run; the local directory stays empty."""
+def _launch(argv, *, nproc, env, cwd, xla=''):
+  """`argv` as `nproc` processes x 8 / nproc devices (jax.distributed on
+  localhost for several), their outputs piped; `xla`: more XLA_FLAGS."""
+  env = dict(env, XLA_FLAGS=(
+      f'--xla_force_host_platform_device_count={8 // nproc} {xla}'))
+  if nproc > 1:
+    env.update(JAX_NUM_PROCESSES=str(nproc), JAX_COORDINATOR_ADDRESS=(
+        f'localhost:{portpicker.pick_unused_port()}'))
+  return [subprocess.Popen(argv, cwd=cwd, env=dict(env, JAX_PROCESS_ID=str(i)),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True) for i in range(nproc)]
+
+
+def _finish(procs, want=0):
+  """Waits for `procs`; each must exit with `want`. Process 0's stderr."""
+  errs = [p.communicate(timeout=900)[1] for p in procs]
+  for p, err in zip(procs, errs):
+    assert p.returncode == want, err[-3000:]
+  return errs[0]
+
+
+@pytest.mark.parametrize('nproc', [1, 2])
+def test_gs_workdir_trains_resumes_evaluates_and_loads(gcs, folder, tmp_path,
+                                                       nproc):
+  """main.py on a gs:// workdir, streaming a gs:// image folder, as 1
+  process x 8 devices and as 2 x 4: SIGTERM (to the last process: a
+  preemption notice reaches one host) once checkpoint 2 is in the bucket,
+  every process saves and exits 143; the same command resumes to the end;
+  then contrastive-jax-eval (as many processes) and load_encoder read the
+  same URL. The bucket holds every file of the run; the local directory the
+  commands run in stays empty."""
   fs, env = _fs(gcs), _env(gcs)
   cwd = tmp_path / 'cwd'
   cwd.mkdir()
-  run = f'gs://{BUCKET}/run'
+  run = f'gs://{BUCKET}/run{nproc}'
+  path = run[len('gs://'):]
   flags = _main(run, folder, *_folder_flags())
-  proc = subprocess.Popen(flags, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+  procs = _launch(flags, nproc=nproc, env=env, cwd=cwd)
   deadline = time.time() + 600
-  while not fs.exists(f'{BUCKET}/run/checkpoints/2/commit_success.txt'):
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
+  while not fs.exists(f'{path}/checkpoints/2/commit_success.txt'):
+    assert all(p.poll() is None for p in procs), (
+        procs[0].communicate()[1][-3000:])
     assert time.time() < deadline
-    fs.invalidate_cache()
     time.sleep(0.2)
-  proc.send_signal(signal.SIGTERM)
-  _, err = proc.communicate(timeout=600)
-  assert proc.returncode == 143, err[-3000:]
+  procs[-1].send_signal(signal.SIGTERM)
+  err = _finish(procs, want=143)
   assert 'preempted (SIGTERM) at step' in _last(err), _last(err)
   saved = int(_last(err).split('at step ')[1].split(':')[0])
+  assert 2 <= saved < 8, saved
 
-  out = subprocess.run(flags, cwd=cwd, env=env, capture_output=True,
-                       text=True, timeout=600)
-  assert out.returncode == 0, out.stderr[-3000:]
-  fs.invalidate_cache()
-  results = _read_json(fs, f'{BUCKET}/run/results.json')
+  _finish(_launch(flags, nproc=nproc, env=env, cwd=cwd))
+  results = _read_json(fs, f'{path}/results.json')
   assert results['resumed_from_step'] == saved and results['steps'] == 8
-  names = set(fs.ls(f'{BUCKET}/run', detail=False))
+  names = set(fs.ls(path, detail=False))
   for name in ('config.json', 'classes.json', 'data.json', 'history.json',
                'results.json', 'summary.png', 'checkpoints'):
-    assert f'{BUCKET}/run/{name}' in names, sorted(names)
-  assert fs.exists(f'{BUCKET}/run/checkpoints/8/commit_success.txt')
+    assert f'{path}/{name}' in names, sorted(names)
+  assert not any('.write_check' in n for n in names), names
+  assert fs.exists(f'{path}/checkpoints/8/commit_success.txt')
   # Orbax keeps the newest 3 (max_to_keep), deleting in the bucket too.
   kept = sorted(int(n.rsplit('/', 1)[1]) for n in fs.ls(
-      f'{BUCKET}/run/checkpoints', detail=False)
-                if n.rsplit('/', 1)[1].isdigit())
+      f'{path}/checkpoints', detail=False) if n.rsplit('/', 1)[1].isdigit())
   assert kept == sorted(set(range(2, 9, 2)) | {saved})[-3:], (saved, kept)
-  assert _read_json(fs, f'{BUCKET}/run/classes.json')['classes'] == [
+  assert _read_json(fs, f'{path}/classes.json')['classes'] == [
       f'class_{c}' for c in range(4)]
-  history = _read_json(fs, f'{BUCKET}/run/history.json')
+  history = _read_json(fs, f'{path}/history.json')
   assert [h['step'] for h in history if 'loss' in h] == list(range(1, 9))
-  # TensorBoard's events: every logged step of both invocations, in the
-  # bucket (one object per checkpoint interval: an object is written whole).
+  # TensorBoard's events, written by process 0: every logged step of both
+  # invocations, in the bucket (one object per checkpoint interval: an
+  # object is written whole).
   from tensorboard.backend.event_processing import event_file_loader  # pylint: disable=g-import-not-at-top
   events = [n for n in names if '/events.out.tfevents.' in n]
   assert events
@@ -243,17 +267,14 @@ def test_gs_workdir_trains_resumes_evaluates_and_loads(gcs, folder,
   assert steps == set(range(1, 9)), sorted(steps)
 
   # contrastive-jax-eval on the bucket: its results and plots land there.
-  out = subprocess.run(
-      [sys.executable, '-m', 'contrastive_jax.cli', 'eval',
-       f'--workdir={run}', '--knn_ks=5'], cwd=cwd, env=env,
-      capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stderr[-3000:]
-  fs.invalidate_cache()
-  evaluated = _read_json(fs, f'{BUCKET}/run/eval/results.json')
+  _finish(_launch([sys.executable, '-m', 'contrastive_jax.cli', 'eval',
+                   f'--workdir={run}', '--knn_ks=5'],
+                  nproc=nproc, env=env, cwd=cwd))
+  evaluated = _read_json(fs, f'{path}/eval/results.json')
   assert evaluated['checkpoint_step'] == 8
   assert evaluated['workdir'] == run
-  assert f'{BUCKET}/run/eval/embedding_pca.png' in fs.ls(
-      f'{BUCKET}/run/eval', detail=False)
+  assert f'{path}/eval/embedding_pca.png' in fs.ls(f'{path}/eval',
+                                                   detail=False)
 
   # load_encoder on the URL, in a process that used a local path first
   # (etils picks its gs:// client once per process).
@@ -299,24 +320,16 @@ def test_readme_pod_command_runs_on_two_processes(gcs, tmp_path):
   cwd = tmp_path / 'cwd'
   cwd.mkdir()
   cut = {**CUT, 'dataset.num_workers': 2}
-  env = dict(_env(gcs, devices=4), JAX_NUM_PROCESSES='2',
-             JAX_COORDINATOR_ADDRESS=f'localhost:{portpicker.pick_unused_port()}')
-  # LLVM at -O0 compiles the cut ResNet-50 ~2x faster (test_paper_configs).
-  env['XLA_FLAGS'] += ' --xla_backend_optimization_level=0'
   # Run from an empty directory: the config file's path made absolute.
   argv = [f'--config={REPO}/{a[len("--config="):]}' if a.startswith(
       '--config=') else a for a in argv[1:]]
-  procs = [subprocess.Popen(
-      [sys.executable, os.path.join(REPO, 'main.py'), *argv,
-       '--progress=off', *(_flag(k, v) for k, v in cut.items())], cwd=cwd,
-      env=dict(env, JAX_PROCESS_ID=str(i)), stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True) for i in range(2)]
-  outs = [p.communicate(timeout=900) for p in procs]
-  for p, (_, err) in zip(procs, outs):
-    assert p.returncode == 0, err[-3000:]
-  assert 'decoding 2 worker processes' in outs[0][1], outs[0][1][-3000:]
+  # LLVM at -O0 compiles the cut ResNet-50 ~2x faster (test_paper_configs).
+  err = _finish(_launch(
+      [sys.executable, os.path.join(REPO, 'main.py'), *argv, '--progress=off',
+       *(_flag(k, v) for k, v in cut.items())], nproc=2, env=_env(gcs),
+      cwd=cwd, xla='--xla_backend_optimization_level=0'))
+  assert 'decoding 2 worker processes' in err, err[-3000:]
   run = workdir[len('gs://'):]
-  fs.invalidate_cache()
   results = _read_json(fs, f'{run}/results.json')
   assert results['steps'] == 2 and np.isfinite(results['final_loss'])
   assert 0 <= results['trained/linear_eval_top1'] <= 1
