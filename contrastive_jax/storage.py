@@ -117,11 +117,19 @@ def write_atomic(p: Any, data: bytes | str) -> None:
       os.remove(tmp)
 
 
+def read_bytes(p: Any) -> bytes:
+  """The bytes of file `p` (a local one read directly: images are read
+  through here, one call each)."""
+  if is_remote(p):
+    return path(p).read_bytes()
+  with open(p, 'rb') as f:
+    return f.read()
+
+
 def read_text(p: Any, default: str | None = None) -> str | None:
   """The text of `p`, or `default` when there is no such file."""
-  target = path(p)
   try:
-    return target.read_text()
+    return read_bytes(p).decode()
   except FileNotFoundError:
     return default
 

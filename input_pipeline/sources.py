@@ -408,7 +408,7 @@ def load_image(path, channels: int, reduction=None
   so the same pixels as PIL at every reduction (tests/test_sources.py),
   in about two thirds of the time on this CPU. The rest go through PIL.
   """
-  data = path if isinstance(path, bytes) else _read_bytes(path)
+  data = path if isinstance(path, bytes) else storage.read_bytes(path)
   if channels == 3 and data[:2] == b'\xff\xd8':
     try:
       height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
@@ -541,14 +541,6 @@ class _ThreadedReader:
     return pipeline.ArrayDataset.from_source(self)
 
 
-def _read_bytes(path) -> bytes:
-  """A file's bytes: local, or remote (`gs://...`) through `storage`."""
-  if storage.is_remote(path):
-    return storage.path(path).read_bytes()
-  with open(path, 'rb') as f:
-    return f.read()
-
-
 def _remote_fs(path):
   """(fsspec filesystem, path within it) of a remote URL."""
   import fsspec  # pylint: disable=g-import-not-at-top
@@ -600,16 +592,11 @@ def _dirs(names) -> list[str]:
   return [n[:-1] for n in names if n.endswith('/')]
 
 
-def _is_dir(path) -> bool:
-  return storage.path(path).is_dir() if storage.is_remote(path) else (
-      os.path.isdir(path))
-
-
 def folder_classes(root: str | os.PathLike) -> tuple[str, ...]:
   """The class list of an image folder: the sorted union of the class folder
   names of all its splits (as TFDS's ImageFolder builder), so that a class
   has the same id in every split, whichever splits lack it."""
-  if not _is_dir(root):
+  if not storage.path(root).is_dir():
     return ()
   root = os.fspath(root).rstrip('/')
   return tuple(sorted({c for split in _dirs(_entries(root))
@@ -636,8 +623,8 @@ class ImageFolder(_ThreadedReader):
     self.fit = fit
     root = os.fspath(root).rstrip('/')
     split_dir = f'{root}/{split}'
-    if not _is_dir(split_dir):
-      have = _dirs(_entries(root)) if _is_dir(root) else []
+    if not storage.path(split_dir).is_dir():
+      have = _dirs(_entries(root)) if storage.path(root).is_dir() else []
       raise FileNotFoundError(
           f'image folder split {str(split_dir)!r} does not exist (splits '
           f'there: {have or "none"}); lay images out as '
@@ -826,11 +813,11 @@ def read_npz(root: str | os.PathLike, split: str):
   path = f'{os.fspath(root).rstrip("/")}/{name}.npz'
   try:
     # A remote file is read whole first (np.load seeks); a local one as is.
-    data = io.BytesIO(_read_bytes(path)) if storage.is_remote(path) else (
-        open(path, 'rb'))   # pylint: disable=consider-using-with
+    data = (io.BytesIO(storage.read_bytes(path)) if storage.is_remote(path)
+            else open(path, 'rb'))   # pylint: disable=consider-using-with
   except (FileNotFoundError, IsADirectoryError):
     have = [n[:-4] for n in _entries(root) if n.endswith('.npz')] if (
-        _is_dir(root)) else []
+        storage.path(root).is_dir()) else []
     raise FileNotFoundError(f'npz split {path!r} does not exist (splits '
                             f'there: {", ".join(have) or "none"}).') from None
   with data, np.load(data) as f:
