@@ -475,6 +475,7 @@ def execute(run: Run, results_dir: str, work_root: str, *,
           for rep in ('trained', 'random_init', 'raw_pixels')
           if f'{rep}/linear_top1' in res},
       'train_seconds': res.get('train_seconds'),
+      'train_seconds_this_run': res.get('train_seconds_this_run'),
       'wall_seconds': round(wall, 1),
       'steps': res.get('steps'),
       'images_per_sec': res.get('images_per_sec'),
@@ -1124,8 +1125,12 @@ def _recipe_lines(records: list[dict], runs: Sequence[Run]) -> list[str]:
 
 
 def _full_train_seconds(rec: dict) -> float:
-  """Training seconds of the whole run: a resumed run's train.py times only
-  the steps after the restored checkpoint, so scale by steps / steps run."""
+  """Training seconds of the whole run. results.json's `train_seconds` sums
+  every invocation where it also gives `train_seconds_this_run`; an older
+  one timed only the steps after the restored checkpoint, so it is scaled
+  by steps / steps run."""
+  if 'train_seconds_this_run' in rec:
+    return rec['train_seconds']
   done = rec['steps'] - (rec.get('resumed_from_step') or 0)
   return rec['train_seconds'] * rec['steps'] / max(done, 1)
 

@@ -23,6 +23,7 @@ the write of a large array pays off (docs/performance.md has the figures).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +35,7 @@ from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from contrastive_jax import runtime
 from contrastive_jax import storage
 
 
@@ -183,6 +185,22 @@ def restore_latest(manager: ocp.CheckpointManager, target):
   return state, step
 
 
+@contextlib.contextmanager
+def _without_read_only_notices():
+  """Leaves out the notices orbax logs for every read-only checkpoint
+  manager (the options it resets, 'Given directory is read only'): they ask
+  nothing of whoever loads an encoder. Every other record, the restore's own
+  warnings included, goes through."""
+  def keep(record) -> bool:
+    return not any(m in record.getMessage() for m in runtime.HARMLESS_WARNINGS)
+  logger = logging.get_absl_logger()      # orbax logs through absl.
+  logger.addFilter(keep)
+  try:
+    yield
+  finally:
+    logger.removeFilter(keep)
+
+
 def restore_variables(workdir: str, model, image_shape: Sequence[int], mesh,
                       step: int | None = None) -> tuple[dict[str, Any], int]:
   """Restores params and batch_stats of the newest readable checkpoint.
@@ -214,8 +232,11 @@ def restore_variables(workdir: str, model, image_shape: Sequence[int], mesh,
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
       target)
   restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-  options = ocp.CheckpointManagerOptions(read_only=True)
-  with ocp.CheckpointManager(directory, options=options) as manager:
+  # The options a read-only manager takes; orbax notes any it has to reset.
+  options = ocp.CheckpointManagerOptions(read_only=True, create=False,
+                                         save_interval_steps=0)
+  with _without_read_only_notices(), ocp.CheckpointManager(
+      directory, options=options) as manager:
     steps = [step] if step is not None else sorted(manager.all_steps(),
                                                    reverse=True)
     # partial_restore: every other field of the saved TrainState (opt state,

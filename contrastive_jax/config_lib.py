@@ -18,9 +18,11 @@ import jax
 import ml_collections
 
 from configs import base as base_config
+from contrastive_jax import errors
 from contrastive_jax import evaluators
 from contrastive_jax import losses
 from contrastive_jax import methods
+from contrastive_jax import models
 from contrastive_jax import optim
 from contrastive_jax import schedules
 from contrastive_jax import storage
@@ -86,7 +88,10 @@ def with_defaults(config: ml_collections.ConfigDict | dict[str, Any]
   values = _tuples(config.to_dict() if hasattr(config, 'to_dict')
                    else dict(config))
   defaults = _tuples(base_config.get_config().to_dict())
-  merged = _merge(defaults, values)
+  try:
+    merged = _merge(defaults, values)
+  except ValueError as e:
+    raise errors.ConfigError([str(e)]) from None
   merged['evals'] = {
       name: {**evaluators.entry_defaults(name, entry), **entry}
       for name, entry in merged['evals'].items()}
@@ -107,67 +112,113 @@ def validate(config, num_devices: int | None = None) -> None:
   """Checks everything that can be checked before data or compilation.
 
   `config` has its defaults (`with_defaults`); `num_devices` defaults to
-  every device of the job. What needs the data's size is checked by the
-  evaluators once it is known (`evaluators.validate(..., num_train=...)`).
+  every device of the job. Raises `errors.ConfigError` with every problem found.
+  What needs the data's size is checked by `validate_data` once it is known.
   """
-  method = methods.get(config.method)
-  losses.get_loss(config.loss)
-  v = config.augment.num_views
-  augment.build_views(config.augment.preset, v, config.augment.overrides,
-                      config.augment.op_order)
-  sources.check_crop_options(config.dataset)
+  problems = errors.Problems()
   n = jax.device_count() if num_devices is None else num_devices
   b = config.batch_size
-  if b % n:
-    raise ValueError(f'config.batch_size={b} is not divisible '
-                     f'by the {n} devices; use a multiple of {n}.')
-  if config.eval.batch_size % n:
-    raise ValueError(f'config.eval.batch_size={config.eval.batch_size} is not '
-                     f'divisible by the {n} devices; use a multiple of {n}.')
-  splits = config.model.bn_splits
-  if not isinstance(splits, int) or splits < 0:
-    raise ValueError(f'config.model.bn_splits={splits!r} must be an int >= 0 '
-                     '(0: BatchNorm over the whole batch).')
-  if splits and (b % splits or b // splits < 2):
-    raise ValueError(
-        f'config.batch_size={b} does not split into config.model.bn_splits='
-        f'{splits} BatchNorm groups of at least 2 images; set batch_size to '
-        f'a multiple of {splits} (>= {2 * splits}) or bn_splits to a divisor '
-        f'of {b}.')
-  method.validate(config, n)
+  with problems.check():
+    methods.get(config.method).validate(config, n)
+  with problems.check():
+    losses.get_loss(config.loss)
+  with problems.check():
+    models.validate(config)
+  with problems.check():
+    augment.build_views(config.augment.preset, config.augment.num_views,
+                        config.augment.overrides, config.augment.op_order)
+  with problems.check():
+    sources.check_crop_options(config.dataset)
+  with problems.check():
+    if not isinstance(b, int) or b < 1:
+      raise ValueError(f'config.batch_size={b!r} must be an int >= 1.')
+    if b % n:
+      raise ValueError(f'config.batch_size={b} is not divisible '
+                       f'by the {n} devices; use a multiple of {n}.')
+  with problems.check():
+    if config.eval.batch_size % n:
+      raise ValueError(f'config.eval.batch_size={config.eval.batch_size} is '
+                       f'not divisible by the {n} devices; use a multiple of '
+                       f'{n}.')
+  with problems.check():
+    splits = config.model.bn_splits
+    if not isinstance(splits, int) or splits < 0:
+      raise ValueError(f'config.model.bn_splits={splits!r} must be an int >= '
+                       '0 (0: BatchNorm over the whole batch).')
+    if splits and (b % splits or b // splits < 2):
+      raise ValueError(
+          f'config.batch_size={b} does not split into config.model.bn_splits='
+          f'{splits} BatchNorm groups of at least 2 images; set batch_size to '
+          f'a multiple of {splits} (>= {2 * splits}) or bn_splits to a '
+          f'divisor of {b}.')
   for name, kind in dict(config.loss_schedules).items():
-    if name not in methods.base.loss_parameters(config.loss):
-      raise ValueError(f'config.loss_schedules.{name}: {config.loss!r} has no '
-                       f'keyword argument {name!r}.')
-    schedules.build(kind, 0., total_steps=1, steps_per_epoch=1, num_epochs=1,
-                    name=f'config.loss_schedules.{name}')
-  scale = config.loss_scale
-  if (isinstance(scale, bool) or not isinstance(scale, (int, float))
-      or not scale > 0):
-    raise ValueError(f'config.loss_scale={scale!r} must be a number > 0 (the '
-                     'factor on the loss; 1.0: none).')
-  # The schedule's own checks (its kind), on a dummy length.
-  optim.learning_rate_schedule(config, total_steps=1)
-  evaluators.validate(config, num_devices=n)
+    with problems.check():
+      if name not in methods.base.loss_parameters(config.loss):
+        raise ValueError(f'config.loss_schedules.{name}: {config.loss!r} has '
+                         f'no keyword argument {name!r}.')
+      schedules.build(kind, 0., total_steps=1, steps_per_epoch=1,
+                      num_epochs=1, name=f'config.loss_schedules.{name}')
+  with problems.check():
+    scale = config.loss_scale
+    if (isinstance(scale, bool) or not isinstance(scale, (int, float))
+        or not scale > 0):
+      raise ValueError(f'config.loss_scale={scale!r} must be a number > 0 '
+                       '(the factor on the loss; 1.0: none).')
+  with problems.check():
+    # The schedule's and the optimizer's own checks (kind, name), on a dummy
+    # length; nothing is initialised.
+    optim.create_optimizer(
+        config, optim.learning_rate_schedule(config, total_steps=1))
+  with problems.check():
+    evaluators.validate(config, num_devices=n)
   ds = config.dataset
-  if not isinstance(ds.validation_size, int) or ds.validation_size < 0:
-    raise ValueError(f'config.dataset.validation_size={ds.validation_size!r} '
-                     'must be an int >= 0 (0: no validation holdout).')
-  if config.eval.split not in ('test', 'validation'):
-    raise ValueError(f'config.eval.split={config.eval.split!r} must be '
-                     '"test" or "validation".')
-  if config.eval.split == 'validation' and not ds.validation_size:
-    raise ValueError('config.eval.split="validation" scores the holdout; set '
-                     'config.dataset.validation_size > 0 (e.g. 10000).')
-  if ds.imbalance not in ('none', 'linear', 'exponential'):
-    raise ValueError(f'config.dataset.imbalance={ds.imbalance!r}; known: '
-                     'none, linear, exponential.')
-  if ds.imbalance_levels < 0:
-    raise ValueError(f'config.dataset.imbalance_levels={ds.imbalance_levels} '
-                     'must be >= 0 (0: min(num_classes, 10)).')
-  if (ds.validation_size or ds.imbalance != 'none') and not ds.in_memory:
-    raise ValueError('config.dataset.validation_size and .imbalance need '
-                     'config.dataset.in_memory=True.')
-  if not 0 <= ds.max_bad_fraction <= 1:
-    raise ValueError(f'config.dataset.max_bad_fraction={ds.max_bad_fraction} '
-                     'must be in [0, 1] (0: stop at the first bad record).')
+  with problems.check():
+    if not isinstance(ds.validation_size, int) or ds.validation_size < 0:
+      raise ValueError(f'config.dataset.validation_size='
+                       f'{ds.validation_size!r} must be an int >= 0 (0: no '
+                       'validation holdout).')
+  with problems.check():
+    if config.eval.split not in ('test', 'validation'):
+      raise ValueError(f'config.eval.split={config.eval.split!r} must be '
+                       '"test" or "validation".')
+    if config.eval.split == 'validation' and not ds.validation_size:
+      raise ValueError('config.eval.split="validation" scores the holdout; '
+                       'set config.dataset.validation_size > 0 (e.g. 10000).')
+  with problems.check():
+    if ds.imbalance not in ('none', 'linear', 'exponential'):
+      raise ValueError(f'config.dataset.imbalance={ds.imbalance!r}; known: '
+                       'none, linear, exponential.')
+    if ds.imbalance_levels < 0:
+      raise ValueError(f'config.dataset.imbalance_levels='
+                       f'{ds.imbalance_levels} must be >= 0 (0: '
+                       'min(num_classes, 10)).')
+  with problems.check():
+    if (ds.validation_size or ds.imbalance != 'none') and not ds.in_memory:
+      raise ValueError('config.dataset.validation_size and .imbalance need '
+                       'config.dataset.in_memory=True.')
+  with problems.check():
+    if not 0 <= ds.max_bad_fraction <= 1:
+      raise ValueError(f'config.dataset.max_bad_fraction='
+                       f'{ds.max_bad_fraction} must be in [0, 1] (0: stop at '
+                       'the first bad record).')
+  problems.raise_any()
+
+
+def validate_data(config, *, num_train: int,
+                  num_devices: int | None = None) -> None:
+  """The checks that need the training split's size `num_train`, together:
+  the batch and the evaluators' sizes (e.g. kNN's k) against it. Raises
+  `errors.ConfigError`, each problem with a value that fits."""
+  problems = errors.Problems()
+  n = jax.device_count() if num_devices is None else num_devices
+  with problems.check():
+    if config.batch_size > num_train:
+      fix = (f'set --config.batch_size={num_train // n * n} or lower (a '
+             f'multiple of the {n} devices)' if num_train >= n else
+             f'use at least {n} images (one per device)')
+      raise ValueError(
+          f'config.batch_size={config.batch_size} is larger than the '
+          f'{num_train} training images; {fix}.')
+  with problems.check():
+    evaluators.validate(config, num_devices=n, num_train=num_train)
+  problems.raise_any()

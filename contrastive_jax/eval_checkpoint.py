@@ -9,8 +9,8 @@ frozen encoder (eval-mode BatchNorm, un-augmented images) the run's final
 evaluators (`config.evals`, with extra kNN neighbour counts), the
 diagnostics, and optionally the papers' linear evaluation with a named preset.
 The keys are those of the run's results.json ('trained/<metric>');
-everything goes to `<outdir>/results.json` (default `<workdir>/eval`) with
-the diagnostics' PNG files.
+everything goes to `<outdir>/results.json` (default `<workdir>/eval`,
+`results_path`) with the diagnostics' PNG files, and the log says where.
 
 Only `params` and `batch_stats` are restored (`checkpointing.restore_variables`),
 so the checkpoint may hold any other state and may have been written on any
@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+from absl import logging
 
 from contrastive_jax import checkpointing
 from contrastive_jax import config_lib
@@ -36,6 +37,16 @@ from contrastive_jax import step as step_lib
 from contrastive_jax import storage
 from contrastive_jax import workdir as workdir_lib
 from contrastive_jax.evaluators import features
+
+
+def output_dir(workdir: str, outdir: str | None = None) -> str:
+  """Where `evaluate_checkpoint` writes: `outdir`, else `<workdir>/eval`."""
+  return outdir or os.path.join(workdir, 'eval')
+
+
+def results_path(workdir: str, outdir: str | None = None) -> str:
+  """The results.json that `evaluate_checkpoint(workdir, outdir)` writes."""
+  return os.path.join(output_dir(workdir, outdir), 'results.json')
 
 
 def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
@@ -70,7 +81,7 @@ def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
   t0 = time.time()
   storage.check(workdir, what='--workdir', write=False)
   config = config_lib.load(workdir)
-  outdir = outdir or os.path.join(workdir, 'eval')
+  outdir = output_dir(workdir, outdir)
   storage.check(outdir, what='--outdir', write=True)
   if config.dataset.data_dir:
     storage.check(config.dataset.data_dir, what='config.dataset.data_dir',
@@ -113,5 +124,9 @@ def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
       config, {'training data': train_data, 'evaluation data': test_data}))
   results['eval_seconds'] = round(time.time() - t0, 1)
   if jax.process_index() == 0:
-    reporting.write_json(os.path.join(outdir, 'results.json'), results)
+    path = results_path(workdir, outdir)
+    reporting.write_json(path, results)
+    logging.info('Results: %s%s', path,
+                 f' (the diagnostics\' plots: {outdir}/*.png)'
+                 if diagnostics else '')
   return results

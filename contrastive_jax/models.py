@@ -7,6 +7,7 @@ loss reads), as in SimCLR where the head is discarded after pretraining.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -486,6 +487,23 @@ def input_norm(config):
   return INPUT_NORMS[name]
 
 
+def validate(config) -> None:
+  """`config.model.encoder` names an encoder and `encoder_kwargs` are its
+  fields: checked before anything is built."""
+  name = config.model.encoder
+  if name not in ENCODERS:
+    raise ValueError(f'unknown encoder {name!r} (config.model.encoder); known: '
+                     f'{", ".join(sorted(ENCODERS))}.')
+  module = ENCODERS[name]
+  module = getattr(module, 'func', module)    # ResNet18/50: partials.
+  fields = {f.name for f in dataclasses.fields(module)} - {'parent', 'name'}
+  unknown = sorted(set(config.model.encoder_kwargs) - fields)
+  if unknown:
+    raise ValueError(f'config.model.encoder_kwargs: {name} has no field '
+                     f'{", ".join(unknown)}; its fields: '
+                     f'{", ".join(sorted(fields))}.')
+
+
 def create_model(config) -> ContrastiveModel:
   """Builds the model named by `config.model` (a ConfigDict).
 
@@ -493,10 +511,8 @@ def create_model(config) -> ContrastiveModel:
   (mixed precision with 'bfloat16'); parameters are float32 (flax's
   `param_dtype` default) and the outputs are cast back to float32.
   """
+  validate(config)
   name = config.model.encoder
-  if name not in ENCODERS:
-    raise ValueError(f'unknown encoder {name!r} (config.model.encoder); known: '
-                     f'{", ".join(sorted(ENCODERS))}.')
   head_input = config.model.head_input
   if head_input not in HEAD_INPUTS:
     raise ValueError(f'config.model.head_input={head_input!r}; known: '

@@ -5,6 +5,38 @@ summary table.
 process 0, `history.json` for resuming and plots, the log lines with speed
 and ETA); `finish` writes results.json, draws summary.png and prints the
 summary. Every JSON file of a run goes through `write_json`, atomically.
+
+A run may take several invocations of the same command (a preemption, a
+rerun of a finished run). results.json's training entries say which:
+
+  steps                   the run's length: the step its final state is at.
+  resumed_from_step       the checkpoint this invocation restored, or None.
+  steps_this_run          the steps this invocation trained (0: it restored
+                          the final checkpoint and only evaluated).
+  train_seconds_this_run  the wall time of this invocation's training loop
+                          (the first step's compilation, the online
+                          evaluations and the checkpoint writes included);
+                          0.0 when it trained no step.
+  train_seconds           the same summed over the invocations that made the
+                          final state: each earlier one counted up to the
+                          checkpoint the next one restored (`TIMES_FILE`
+                          keeps the sum at each checkpoint). None when an
+                          earlier invocation left no such record.
+  images_per_sec          the median of the logged intervals' rates (each
+                          interval's images over its wall time; the compiling
+                          first step of each invocation excluded), over
+                          every invocation's intervals in history.json;
+                          absent when no interval was timed.
+  input_wait              this invocation's share of its timed training time
+                          spent waiting for batches; absent when it timed
+                          none.
+  final_loss              the loss at the last logged step.
+
+TensorBoard: each invocation starts with TensorBoard's restart marker at the
+step it starts from and writes the restored step's history entry again
+(`event_writer`), so TensorBoard shows every (tag, step) once, whatever the
+earlier invocations wrote past their checkpoint. The results' scalars are
+written at the last step under the tags the training log does not use.
 """
 
 from __future__ import annotations
@@ -40,6 +72,16 @@ def fmt_time(seconds: float) -> str:
   return f'{m}m{s:02d}s'
 
 
+def _duration(seconds: float) -> str:
+  """Seconds as a person reads them: '4.2 s' under a minute, else '3m07s'."""
+  return f'{seconds:.1f} s' if seconds < 60 else fmt_time(seconds)
+
+
+# Cumulative training seconds at each checkpoint step, {"<step>": seconds}:
+# what a resumed invocation adds its own training time to.
+TIMES_FILE = 'train_seconds.json'
+
+
 class TrainLog:
   """The scalars of a training run, from step `start` to `total_steps`.
 
@@ -48,7 +90,10 @@ class TrainLog:
   adds the learning rate, images/s and the input wait (all timed from the
   end of the first, compiling, step), and writes them to TensorBoard and the
   history; a log line every ~10% of the run under a progress bar, else every
-  log step. `online` adds the online evaluators' values at a step.
+  log step. `online` adds the online evaluators' values at a step. `save`,
+  with each checkpoint, writes the history and the training seconds so far;
+  `end_training` stops the training clock; `results` gives results.json's
+  training entries (the module docstring).
 
   Input wait: the training loop takes its batches through `input(batches)`,
   which counts the time spent waiting for each one (reading, decoding and
@@ -66,14 +111,26 @@ class TrainLog:
     # Entries past the restored step belong to steps that will be redone.
     self.history = [h for h in read_json(self.path, [])
                     if h['step'] <= start]
+    self.times_path = os.path.join(workdir, TIMES_FILE)
+    self.times = {k: v for k, v in read_json(self.times_path, {}).items()
+                  if int(k) <= start}
+    # Training seconds of the earlier invocations, up to the restored step.
+    self.seconds_before = self.times.get(str(start)) if start else 0.0
     self.writer = event_writer.EventWriter(
         workdir if jax.process_index() == 0 else None)
+    # Whatever the events hold from `start` on is discarded; the restored
+    # step's own scalars are written again from the history.
+    self.writer.restart(start)
+    if self.history and self.history[-1]['step'] == start:
+      self.writer.write_scalars(start, {
+          k: v for k, v in self.history[-1].items() if k != 'step'})
     self.every = config.log_every_steps
     self.line_every = self.every
     if progress.enabled():
       self.line_every *= max(1, total_steps // 10 // self.every)
-    self.start = self.timed_from = self.last_step = start
-    self.t0 = self.last_time = time.time()
+    self.start = self.timed_from = self.last_step = self.done = start
+    self.began = self.t0 = self.last_time = time.time()
+    self.ended = None
     # Seconds spent waiting for batches: since t0, and at the last log step.
     self.waited = self.last_waited = 0.0
 
@@ -93,6 +150,7 @@ class TrainLog:
   def step(self, done: int, metrics, learning_rate: float, bar) -> bool:
     """Records step `done`; True when it was a log step."""
     bar.update(1)
+    self.done = done
     if done == self.start + 1:
       # The first step compiles: time from its end, so images/s and the
       # ETA are the steady state's, not diluted by compilation.
@@ -143,16 +201,37 @@ class TrainLog:
         f'{k} {v:.4f}' for k, v in values.items()))
 
   def save(self) -> None:
-    """history.json and the TensorBoard events so far, with a checkpoint."""
+    """history.json, the training seconds so far and the TensorBoard events,
+    with a checkpoint (at the last step recorded)."""
     self.writer.flush()
     if jax.process_index() == 0:
       write_json(self.path, self.history)
+      if self.seconds_before is not None:
+        self.times[str(self.done)] = round(
+            self.seconds_before + time.time() - self.began, 1)
+        write_json(self.times_path, self.times)
+
+  def end_training(self) -> None:
+    """Stops the training clock (the loop and its last checkpoint are done);
+    the final checkpoint's entry of `TIMES_FILE` gets the total."""
+    self.ended = time.time()
+    total = self.results()['train_seconds']
+    if (self.done > self.start and total is not None and
+        str(self.done) in self.times and jax.process_index() == 0):
+      self.times[str(self.done)] = total
+      write_json(self.times_path, self.times)
 
   def results(self) -> dict[str, Any]:
-    """results.json's training entries: the final loss, the median images/s,
-    the input wait of this invocation's timed steps and the last value of
-    every online metric."""
-    out = {}
+    """results.json's training entries (the module docstring says what each
+    means) and the last value of every online metric."""
+    # An invocation that trained no step spent no time training.
+    this_run = ((self.ended or time.time()) - self.began
+                if self.done > self.start else 0.0)
+    out = {'steps': self.total_steps,
+           'steps_this_run': self.done - self.start,
+           'train_seconds_this_run': round(this_run, 1),
+           'train_seconds': (None if self.seconds_before is None else
+                             round(self.seconds_before + this_run, 1))}
     seconds = self.last_time - self.t0   # Up to the last log step.
     if self.last_step > self.timed_from and seconds > 0:
       out['input_wait'] = round(min(1.0, self.last_waited / seconds), 4)
@@ -169,9 +248,15 @@ class TrainLog:
     return out
 
   def finish(self, results: dict[str, Any], embeddings, classes=None) -> None:
-    """Writes results.json and summary.png, prints the summary (process 0)."""
+    """Writes results.json and summary.png, prints the summary (process 0).
+
+    TensorBoard gets the results' floats at the last step, but for those
+    under a tag of the training log (a summary of its curve, like the median
+    images/s): that step holds the log's own value already."""
+    logged = {k for h in self.history for k in h}
     self.writer.write_scalars(self.total_steps, {
-        k: v for k, v in results.items() if isinstance(v, float)})
+        k: v for k, v in results.items()
+        if isinstance(v, float) and k not in logged})
     self.writer.close()
     if jax.process_index() != 0:
       return
@@ -183,25 +268,44 @@ class TrainLog:
     print(summary(results, self.workdir), flush=True)
 
 
-def _curve(ax, history, key, **kw) -> bool:
-  """Plots `key` of the history entries that have it; False if none has."""
+def _curve(ax, history, key, *, single: str = 'o', **kw) -> int:
+  """Plots `key` of the history entries that have it, as the marker `single`
+  when there is one (a one-point line draws nothing); the number of
+  points."""
   points = [(h['step'], h[key]) for h in history if key in h]
+  if len(points) == 1 and not kw.get('marker'):
+    kw['marker'] = single
   if points:
     ax.plot(*zip(*points), **kw)
-  return bool(points)
+  return len(points)
+
+
+def _too_few(ax, n: int, what: str) -> None:
+  """Says in the panel why it shows no curve: `n` (0 or 1) points of
+  `what`."""
+  if n > 1:
+    return
+  text = (f'no {what} logged' if n == 0 else
+          f'{what}: one logged step,\ntoo few points for a curve\n'
+          '(config.log_every_steps)')
+  ax.text(0.5, 0.2, text, transform=ax.transAxes, ha='center', va='center',
+          fontsize=9,
+          bbox={'facecolor': 'white', 'alpha': 0.8, 'edgecolor': 'none'})
 
 
 def plot_run(history, results, embeddings, path: str, *, classes=None,
-             split: str = 'test') -> None:
-  """Writes summary.png: what a run did and what it learnt.
+             split: str = 'test'):
+  """Writes summary.png: what a run did and what it learnt; returns the
+  matplotlib Figure.
 
   Panels: (1) the loss and the learning rate; (2) the online monitors (the
   linear probe's training-batch accuracy, the periodic kNN) over steps;
   (3) alignment and uniformity of the batch's embeddings (Wang & Isola 2020,
   lower is better); (4) the final kNN and linear accuracy of the trained
-  encoder against the baselines; (5, 6) t-SNE maps of test features of the
-  trained encoder and of the first baseline, coloured by class (`classes`:
-  the class names, else their ids).
+  encoder, and of the baselines when they ran; (5, 6) t-SNE maps of test
+  features of the trained encoder and of the first baseline, coloured by
+  class (`classes`: the class names, else their ids). A curve of one point
+  is a marker, with a note; accuracy axes end at 100% at most.
   """
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
@@ -212,30 +316,39 @@ def plot_run(history, results, embeddings, path: str, *, classes=None,
   FigureCanvasAgg(fig)
   axes = fig.subplots(2, 3)
   ax = axes[0, 0]
-  _curve(ax, history, 'loss', color='C0')
+  _too_few(ax, _curve(ax, history, 'loss', color='C0'), 'loss')
   ax.set(xlabel='step', ylabel='training loss', title='Loss and learning rate')
   ax_lr = ax.twinx()
-  if _curve(ax_lr, history, 'learning_rate', color='C1', linestyle='--'):
+  # A lone point of the twin axis is a cross: the loss' dot shows under it.
+  if _curve(ax_lr, history, 'learning_rate', color='C1', linestyle='--',
+            single='x'):
     ax_lr.set_ylabel('learning rate (dashed)', color='C1')
 
   ax = axes[0, 1]
   knn_keys = sorted({k for h in history for k in h
                      if k.startswith('online/knn')})
-  for key, label in ([('online/linear_acc', 'online classifier (training batch)')]
-                     + [(k, k.split('/')[1] + ' (test subset)')
-                        for k in knn_keys]):
-    _curve(ax, history, key, marker='.' if 'knn' in key else None,
-           label=label)
+  monitors = ([('online/linear_acc', 'online classifier (training batch)')]
+              + [(k, k.split('/')[1] + ' (test subset)') for k in knn_keys])
+  counts = [_curve(ax, history, key, marker='.' if 'knn' in key else None,
+                   label=label) for key, label in monitors]
   ax.set(xlabel='step', ylabel='accuracy', title='Online monitors')
   if ax.lines:
     ax.legend(fontsize='small')
+    # Accuracies are fractions: the axis stops at 0 and 1.
+    bottom, top = ax.get_ylim()
+    ax.set_ylim(max(bottom, 0.), min(top, 1.))
+    _too_few(ax, max(counts), 'online monitors')
+  else:
+    _too_few(ax, 0, 'online monitors')
 
   ax = axes[0, 2]
-  _curve(ax, history, 'alignment', color='C2', label='alignment')
+  _too_few(ax, _curve(ax, history, 'alignment', color='C2',
+                      label='alignment'), 'alignment and uniformity')
   ax.set(xlabel='step', title='Alignment and uniformity (lower is better)')
   ax.set_ylabel('alignment', color='C2')
   ax_u = ax.twinx()
-  if _curve(ax_u, history, 'uniformity', color='C3', label='uniformity'):
+  if _curve(ax_u, history, 'uniformity', color='C3', label='uniformity',
+            single='x'):
     ax_u.set_ylabel('uniformity', color='C3')
 
   ax = axes[1, 0]
@@ -243,22 +356,29 @@ def plot_run(history, results, embeddings, path: str, *, classes=None,
           if any(k.startswith(r + '/') for k in results)]
   knn_key = next((k.split('/', 1)[1] for k in sorted(results)
                   if k.startswith('trained/knn_weighted_top1')), None)
-  shown_vals = []
+  bars = []
   for j, (metric, label) in enumerate([(knn_key, 'kNN'),
                                        ('linear_top1', 'linear')]):
     vals = [100 * results.get(f'{r}/{metric}', float('nan')) for r in reps]
-    shown_vals += [v for v in vals if np.isfinite(v)]
     ys = np.arange(len(reps)) + (j - 0.5) * 0.38
     ax.barh(ys, vals, height=0.38, label=label)
-    for y, v in zip(ys, vals):
-      ax.text(v, y, f' {v:.1f}', va='center', fontsize=8)
+    bars += [(y, v) for y, v in zip(ys, vals) if np.isfinite(v)]
   ax.set_yticks(range(len(reps)), reps)
   # Zoomed on the values: the gaps between representations are the point;
-  # room on the right for the legend.
+  # room on the right for the legend, up to 100%.
+  shown_vals = [v for _, v in bars]
   lo = max(0., min(shown_vals, default=0.) - 8.)
-  hi = max(shown_vals, default=90.) + 12.
+  hi = min(100., max(shown_vals, default=88.) + 12.)
+  for y, v in bars:
+    # A value near the axis' end goes inside its bar.
+    inside = v > hi - 0.12 * (hi - lo)
+    ax.text(v, y, f'{v:.1f} ' if inside else f' {v:.1f}', va='center',
+            ha='right' if inside else 'left', fontsize=8,
+            color='white' if inside else 'black')
+  baselines = [r for r in reps if r != 'trained']
   ax.set(xlim=(lo, hi), xlabel=f'{split} accuracy (%), axis from {lo:.0f}',
-         title='Frozen features: trained vs baselines')
+         title=('Frozen features: trained vs ' + ' and '.join(baselines)
+                if baselines else 'Frozen features: the trained encoder'))
   gaps = [f'{label} {100 * (results[f"trained/{m}"] - results[f"random_init/{m}"]):+.1f}'
           for m, label in ((knn_key, 'kNN'), ('linear_top1', 'linear'))
           if f'trained/{m}' in results and f'random_init/{m}' in results]
@@ -266,7 +386,7 @@ def plot_run(history, results, embeddings, path: str, *, classes=None,
     ax.text(0.02, 0.98, 'trained - random init: ' + ', '.join(gaps),
             transform=ax.transAxes, va='top', fontsize=8,
             bbox={'facecolor': 'white', 'alpha': 0.8, 'edgecolor': 'none'})
-  ax.legend(fontsize='small', loc='center right')
+  ax.legend(fontsize='small', loc='best')
 
   shown = [r for r in ('trained', 'random_init', 'raw_pixels')
            if r in embeddings][:2]
@@ -281,6 +401,7 @@ def plot_run(history, results, embeddings, path: str, *, classes=None,
     ax.set_axis_off()
   fig.tight_layout()
   storage.save_figure(fig, path)
+  return fig
 
 
 # A run that waits for its batches longer than this share of its training
@@ -299,31 +420,82 @@ def _input_wait_lines(wait: float | None) -> list[str]:
           'docs/input_pipeline.md)']
 
 
+# The widths of the summary table's columns (the row's name, the kNN and the
+# linear accuracy, right-aligned) and of its rules.
+_NAME, _KNN, _LINEAR = 16, 26, 14
+_RULE = 64
+
+
+def _row(name: str, knn: str = '', linear: str = '') -> str:
+  """A table row; a name longer than its column runs into an empty kNN
+  column, and the linear column stays where it is."""
+  if knn:
+    return f'{name:<{_NAME}}{knn:>{_KNN}}{linear:>{_LINEAR}}'
+  return f'{name:<{_NAME + _KNN}}{linear:>{_LINEAR}}'
+
+
+def _pct(x: float) -> str:
+  return f'{100 * x:.2f}%'
+
+
+def _training_lines(results: dict) -> list[str]:
+  """What the training of a run took, as results.json records it (the module
+  docstring): the steps and seconds of this invocation, and of all of them
+  when it resumed; the images/s; the final loss."""
+  steps = results.get('steps')
+  this_run = results.get('steps_this_run')
+  resumed = results.get('resumed_from_step') or 0
+  total_s = results.get('train_seconds')
+  if this_run is None:       # Not a training run's results.
+    return []
+  if this_run == 0:
+    line = (f'training: none in this invocation (resumed at step {resumed} '
+            f'of {steps})')
+    if total_s is not None:
+      line += (f'; earlier invocations: {steps} steps in '
+               f'{_duration(total_s)}')
+  else:
+    line = (f'training: {this_run} steps in '
+            f'{_duration(results["train_seconds_this_run"])}')
+    if resumed:
+      line += f' in this invocation (resumed at step {resumed} of {steps})'
+      if total_s is not None:
+        line += f'; all invocations: {steps} steps in {_duration(total_s)}'
+  speed = results.get('images_per_sec')
+  if speed is None:
+    rate = 'images/s not measured (no log interval after a compiling step)'
+  else:
+    which = ''
+    if resumed:
+      which = (' of the earlier invocations' if this_run == 0 else
+               ' of all invocations')
+    rate = (f'{speed:.0f} images/s (median of the logged intervals{which}, '
+            'compilation excluded)')
+  if 'final_loss' in results:
+    rate += f', final loss {results["final_loss"]:.4f}'
+  return [line, rate]
+
+
 def summary(results: dict, workdir: str) -> str:
   """A one-screen text summary of a finished run."""
   rows = [n for n in ('raw_pixels', 'random_init', 'trained')
           if any(k.startswith(n + '/') for k in results)]
   knn_key = next((k.split('/', 1)[1] for k in sorted(results)
                   if k.startswith('trained/knn_weighted_top1')), None)
-  lines = ['', '=' * 64,
-           f'{"representation":<16}{knn_key or "knn":>26}{"linear_top1":>14}',
-           '-' * 64]
+  lines = ['', '=' * _RULE,
+           _row('representation', knn_key or 'knn', 'linear_top1'),
+           '-' * _RULE]
   for n in rows:
-    knn_v = results.get(f'{n}/{knn_key}', float('nan'))
-    lin_v = results.get(f'{n}/linear_top1', float('nan'))
-    lines.append(f'{n:<16}{100 * knn_v:>25.2f}%{100 * lin_v:>13.2f}%')
+    lines.append(_row(n, _pct(results.get(f'{n}/{knn_key}', float('nan'))),
+                      _pct(results.get(f'{n}/linear_top1', float('nan')))))
   if 'trained/linear_eval_top1' in results:
-    label = "trained, the papers' linear evaluation"
-    lines.append(f'{label:<42}'
-                 f'{100 * results["trained/linear_eval_top1"]:>21.2f}%')
+    lines.append(_row("trained, the papers' linear evaluation",
+                      linear=_pct(results['trained/linear_eval_top1'])))
   if skipped := results.get('data/skipped_records'):
     lines.append(f'{skipped} undecodable images replaced in training, left '
                  'out of the scores (data/skipped_files)')
-  lines += ['-' * 64,
-            f'steps {results.get("steps")}, training {results.get("train_seconds")}'
-            f' s, {results.get("images_per_sec", float("nan")):.0f} images/s, '
-            f'final loss {results.get("final_loss", float("nan")):.4f}',
+  lines += ['-' * _RULE, *_training_lines(results),
             *_input_wait_lines(results.get('input_wait')),
             f'results: {workdir}/results.json  plot: {workdir}/summary.png',
-            f'TensorBoard: tensorboard --logdir {workdir}', '=' * 64]
+            f'TensorBoard: tensorboard --logdir {workdir}', '=' * _RULE]
   return '\n'.join(lines)

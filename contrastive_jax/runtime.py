@@ -130,9 +130,8 @@ def create_mesh(devices=None) -> jax.sharding.Mesh:
 
 # Library warnings that ask nothing of the user: TFDS decodes a 28x28 PNG
 # with PIL instead of OpenCV (no measurable difference for these datasets);
-# orbax restates the read-only options we restore checkpoints with.
-_HARMLESS_WARNINGS = ('OpenCV is not installed', 'read_only=True, setting',
-                      'Given directory is read only')
+# orbax notes that a read-only checkpoint manager's directory is read-only.
+HARMLESS_WARNINGS = ('OpenCV is not installed', 'Given directory is read only')
 
 
 def quiet_library_logs() -> None:
@@ -149,7 +148,7 @@ def quiet_library_logs() -> None:
     if record.pathname.startswith(own):
       return True
     return (record.levelno >= logging.WARNING and
-            not any(m in record.getMessage() for m in _HARMLESS_WARNINGS))
+            not any(m in record.getMessage() for m in HARMLESS_WARNINGS))
   absl_logging.get_absl_handler().addFilter(own_or_important)
 
 

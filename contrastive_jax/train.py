@@ -9,16 +9,17 @@ The pieces live in their own modules: the step (`step.py`), the optimizer
 (`optim.py`), the evaluators (`evaluators/`), the data (`data.py`), the
 workdir's files (`workdir.py`) and the reports (`reporting.py`).
 
-Stopping: SIGTERM (a preemption notice, on any host) saves the step all
-processes agree on and raises `Preempted`; a non-finite metric raises
-`FloatingPointError`. Either way the asynchronous checkpointer finishes first,
-so the error is the last thing printed.
+Stopping: SIGTERM (a preemption notice, on any host) or Ctrl-C (SIGINT)
+saves the step all processes agree on and raises `Preempted`; a second
+Ctrl-C aborts at once; a non-finite metric raises `FloatingPointError`.
+Either way the asynchronous checkpointer finishes first, so the error is the
+last thing printed.
 """
 
 from __future__ import annotations
 
+import os
 import signal
-import time
 from typing import Any
 
 import jax
@@ -30,6 +31,7 @@ from jax.sharding import PartitionSpec as P
 from contrastive_jax import checkpointing
 from contrastive_jax import config_lib
 from contrastive_jax import data as data_lib
+from contrastive_jax import errors
 from contrastive_jax import evaluators
 from contrastive_jax import progress
 from contrastive_jax import reporting
@@ -44,7 +46,15 @@ from input_pipeline import sources
 
 
 class Preempted(Exception):
-  """SIGTERM (a pod preemption) was received; a checkpoint was saved."""
+  """SIGTERM (a pod preemption) or SIGINT (Ctrl-C) was received; the step
+  reached is saved. `signal`: its name; `step`: the step saved."""
+
+  def __init__(self, signal_name: str, step: int, workdir: str):
+    self.signal, self.step = signal_name, step
+    what = 'interrupted' if signal_name == 'SIGINT' else 'preempted'
+    super().__init__(
+        f'{what} ({signal_name}) at step {step}: its checkpoint is saved in '
+        f'{workdir}/checkpoints; rerun the same command to resume.')
 
 
 def seed_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -113,11 +123,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   start = int(state.step)
   log = reporting.TrainLog(workdir, config, start=start,
                            total_steps=total_steps)
-  preempted = _preemption_check()
+  preempted, restore_signals = _stop_signals()
+  stream = batches.iterate(start, total_steps)
   try:
     with progress.bar(total_steps, 'pretraining', initial=start) as bar:
       for step, batch in zip(range(start, total_steps),
-                             log.input(batches.iterate(start, total_steps))):
+                             log.input(stream)):
         state, metrics = setup.step_fn(
             state, {'views': augment_fn(step, batch['image']),
                     'label': batch['label'], 'index': batch['index']},
@@ -135,30 +146,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
           checkpointing.save(manager, done, state)
           log.save()
         if stop:
-          raise Preempted(
-              f'preempted (SIGTERM) at step {done}: its checkpoint is saved '
-              f'in {workdir}/checkpoints; rerun the same command to resume.')
+          raise Preempted(stop, done, workdir)
   finally:
+    restore_signals()
     # In-flight asynchronous saves finish (or fail) before any error
     # propagates: the error is the last thing printed, and no half-written
     # checkpoint directory is left behind.
     manager.wait_until_finished()
     manager.close()
-  train_seconds = time.time() - log.t0
+    stream.close()     # Decoding workers stop; their batches are released.
+  log.end_training()
   # The donated initial state is gone; init is deterministic: redo it.
   results, embeddings = _evaluate(evals, env, state,
                                   setup.init_fn(init_rng), splits)
-  results.update(log.results(), steps=total_steps,
-                 train_seconds=round(train_seconds, 1),
-                 resumed_from_step=restored_step)
+  results.update(log.results(), resumed_from_step=restored_step)
   log.finish(results, embeddings, classes=train_data.classes)
   return results
 
 
 def _prepare(config, workdir: str, data):
-  """The config with its defaults, checked; the workdir bound to it; the
-  data loaded and checked against what needs its size. Before any
-  compilation or training."""
+  """The config with its defaults, checked; the data loaded and checked
+  against what needs its size; then the workdir bound to the run. Every
+  check runs before anything is written to the workdir, and each stage
+  reports all its problems at once (`errors.ConfigError`)."""
   config = config_lib.with_defaults(config)
   config_lib.validate(config)
   # A bucket that cannot be reached fails here, not at the first checkpoint;
@@ -169,11 +179,18 @@ def _prepare(config, workdir: str, data):
                   write=False)
   workdir_lib.check_config(config, workdir)
   stored_classes = workdir_lib.load_classes(workdir)
-  train_data, test_data = data or data_lib.load(config, stored_classes)
-  workdir_lib.store_classes(workdir, stored_classes, train_data.classes)
-  workdir_lib.store_image_shape(workdir, train_data.image_shape)
-  evaluators.validate(config, num_devices=jax.device_count(),
-                      num_train=len(train_data))
+  if data is None:
+    try:
+      data = data_lib.load(config, stored_classes)
+    except errors.ConfigError:
+      raise
+    except ValueError as e:   # The data's own checks: a user error too.
+      raise errors.ConfigError([str(e)]) from e
+  train_data, test_data = data
+  workdir_lib.check_classes(workdir, stored_classes, train_data.classes)
+  config_lib.validate_data(config, num_train=len(train_data))
+  workdir_lib.bind(workdir, config, classes=train_data.classes,
+                   image_shape=train_data.image_shape)
   logging.info('Data: %d training and %d evaluation examples of shape %s; '
                'compiling the step.', len(train_data), len(test_data),
                tuple(train_data.image_shape))
@@ -197,16 +214,46 @@ def _evaluate(evals, env, state, initial_state, splits):
   return results, embeddings
 
 
-def _preemption_check():
-  """A function step -> bool: True once this job must save and stop.
+def _stop_signals():
+  """(check, restore): check(step) -> the name of the signal that stops the
+  job at `step` ('SIGTERM', 'SIGINT'), else '' ; restore() puts the previous
+  handlers back.
 
-  Multi-process: JAX's preemption sync manager catches SIGTERM on any host and
-  agrees on one step for every process (`reached_preemption_sync_point`), so
-  all of them save the same step. Single process: our own SIGTERM handler.
+  SIGTERM is a preemption notice; SIGINT (Ctrl-C) stops the same way: the
+  step is saved and the job exits. A second SIGINT aborts at once
+  (KeyboardInterrupt), without waiting for the save. Multi-process: JAX's
+  preemption sync manager catches SIGTERM on any host and agrees on one step
+  for every process (`reached_preemption_sync_point`), so all of them save
+  the same step; SIGINT is passed on to it as a SIGTERM to this process.
+  Single process: the handlers here.
   """
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  if jax.process_count() > 1:
-    return multihost_utils.reached_preemption_sync_point
   received = []
-  signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
-  return lambda step: bool(received)
+
+  def on_sigint(signum, frame):
+    del frame
+    received.append(signum)
+    # A second Ctrl-C aborts at once.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if jax.process_count() > 1:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  previous = {signal.SIGINT: signal.signal(signal.SIGINT, on_sigint)}
+  if jax.process_count() == 1:
+    previous[signal.SIGTERM] = signal.signal(
+        signal.SIGTERM, lambda signum, frame: received.append(signum))
+
+  def check(step: int) -> str:
+    if jax.process_count() > 1:
+      stop = multihost_utils.reached_preemption_sync_point(step)
+    else:
+      stop = bool(received)
+    if not stop:
+      return ''
+    return 'SIGINT' if signal.SIGINT in received else 'SIGTERM'
+
+  def restore():
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+
+  return check, restore

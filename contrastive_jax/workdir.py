@@ -3,8 +3,10 @@
 A workdir holds one run: `config.json` (the config it started with, with the
 defaults), `data.json` (the images' shape, so that a checkpoint restores
 without opening the data) and, for an image folder, `classes.json` (its class
-list, so that resuming or evaluating labels the images as training did). Resuming with
-another config or other classes is refused before anything is written.
+list, so that resuming or evaluating labels the images as training did).
+Resuming a checkpointed run with another config or other classes is refused
+before anything is written; a workdir without a checkpoint holds no run, and
+a new start replaces what it holds.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import jax
 
 from contrastive_jax import config_lib
+from contrastive_jax import errors
 from contrastive_jax import reporting
 from contrastive_jax import storage
 
@@ -34,58 +37,79 @@ def _flatten(d: dict, prefix: str = '') -> dict:
 HOW_NOT_WHAT = ('dataset.num_workers',)
 
 
+def holds_run(workdir: str) -> bool:
+  """True when `workdir` holds a checkpoint: a run that another config must
+  not continue. A workdir without one (a start that failed, or stopped
+  before its first checkpoint) is not a run to protect: the next start
+  replaces its config.json and classes.json."""
+  checkpoints = storage.path(workdir) / 'checkpoints'
+  return checkpoints.is_dir() and any(
+      p.name.isdigit() for p in checkpoints.iterdir())
+
+
 def check_config(config, workdir: str) -> None:
-  """Writes `config.json`, or refuses a workdir that holds another config.
+  """Refuses a workdir whose checkpointed run has another config; writes
+  nothing (`bind` does, once every check has passed).
 
   The saved config is completed with the current defaults first
   (`config_lib.with_defaults`), so an option added since the run started is
   not taken for a difference; nor are the fields of `HOW_NOT_WHAT`.
   """
   path = os.path.join(workdir, 'config.json')
-  current = json.loads(config.to_json_best_effort(sort_keys=True))
-  if storage.path(path).exists():
-    previous = json.loads(config_lib.load(workdir).to_json_best_effort(
-        sort_keys=True))
-    flat_prev, flat_cur = _flatten(previous), _flatten(current)
-    diff = ', '.join(
-        f'{k}: {flat_prev.get(k)!r} -> {flat_cur.get(k)!r}'
-        for k in sorted(set(flat_prev) | set(flat_cur))
-        if flat_prev.get(k) != flat_cur.get(k) and k not in HOW_NOT_WHAT)
-    if diff:
-      raise ValueError(
-          f'workdir {workdir!r} holds a run of a different config ({diff}). '
-          'Use a new --workdir, or delete this one to start over; nothing '
-          'was changed.')
+  if not holds_run(workdir) or not storage.path(path).exists():
     return
-  if jax.process_index() == 0:
-    reporting.write_json(path, current)
+  current = json.loads(config.to_json_best_effort(sort_keys=True))
+  previous = json.loads(config_lib.load(workdir).to_json_best_effort(
+      sort_keys=True))
+  flat_prev, flat_cur = _flatten(previous), _flatten(current)
+  diff = ', '.join(
+      f'{k}: {flat_prev.get(k)!r} -> {flat_cur.get(k)!r}'
+      for k in sorted(set(flat_prev) | set(flat_cur))
+      if flat_prev.get(k) != flat_cur.get(k) and k not in HOW_NOT_WHAT)
+  if diff:
+    raise errors.ConfigError([
+        f'workdir {workdir!r} holds a run (checkpoints/) of a different '
+        f'config ({diff}). Use a new --workdir, or delete this one to start '
+        'over; nothing was changed.'])
 
 
 def load_classes(workdir: str) -> tuple[str, ...] | None:
-  """The class list a run stored in `<workdir>/classes.json`, if any."""
+  """The class list of the run checkpointed in `workdir`
+  (`<workdir>/classes.json`), if any."""
+  if not holds_run(workdir):
+    return None
   data = reporting.read_json(os.path.join(workdir, 'classes.json'))
   return tuple(data['classes']) if data else None
 
 
-def store_classes(workdir: str, stored, classes) -> None:
-  """Writes the run's class list once; refuses data with another one."""
-  if classes is None:
-    return
-  if stored is None:
-    if jax.process_index() == 0:
-      reporting.write_json(os.path.join(workdir, 'classes.json'),
-                  {'classes': list(classes)})
-  elif tuple(stored) != tuple(classes):
-    raise ValueError(
+def check_classes(workdir: str, stored, classes) -> None:
+  """Refuses data whose class list is not the checkpointed run's."""
+  if stored is not None and classes is not None and (
+      tuple(stored) != tuple(classes)):
+    raise errors.ConfigError([
         f'workdir {workdir!r} holds a run with the classes {list(stored)} '
-        f'(classes.json); the data has {list(classes)}. Use a new --workdir.')
+        f'(classes.json); the data has {list(classes)}. Use a new '
+        '--workdir.'])
 
 
-def store_image_shape(workdir: str, image_shape) -> None:
-  """Writes `data.json` with the training images' (H, W, C)."""
-  if jax.process_index() == 0:
-    reporting.write_json(os.path.join(workdir, 'data.json'),
-                         {'image_shape': [int(d) for d in image_shape]})
+def bind(workdir: str, config, *, classes, image_shape) -> None:
+  """Writes the run's config.json, classes.json (an image folder's) and
+  data.json (the images' (H, W, C)) from process 0, once every check has
+  passed; a checkpointed run's config.json and classes.json stay as they
+  are (`check_config` and `check_classes` found them equal)."""
+  if jax.process_index() != 0:
+    return
+  fresh = not holds_run(workdir)
+  config_path = os.path.join(workdir, 'config.json')
+  if fresh or not storage.path(config_path).exists():
+    reporting.write_json(
+        config_path, json.loads(config.to_json_best_effort(sort_keys=True)))
+  classes_path = os.path.join(workdir, 'classes.json')
+  if classes is not None and (fresh or
+                              not storage.path(classes_path).exists()):
+    reporting.write_json(classes_path, {'classes': list(classes)})
+  reporting.write_json(os.path.join(workdir, 'data.json'),
+                       {'image_shape': [int(d) for d in image_shape]})
 
 
 def load_image_shape(workdir: str) -> tuple[int, int, int] | None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import signal
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -343,7 +344,8 @@ class TrainBatches:
 
   def iterate(self, start_step: int, stop_step: int
               ) -> Iterator[dict[str, jax.Array]]:
-    """Batches start_step..stop_step-1, read `prefetch` steps ahead.
+    """Batches start_step..stop_step-1, read `prefetch` steps ahead; close
+    the generator to stop early.
 
     grain reads the host batches in order, on threads or in `num_workers`
     processes; each is a pure function of its step, so where the iteration
@@ -360,12 +362,27 @@ class TrainBatches:
         flags.FLAGS.mark_as_parsed()
       it = ds.to_iter_dataset().mp_prefetch(grain.MultiprocessingOptions(
           num_workers=self.num_workers,
-          per_worker_buffer_size=max(1, self.prefetch)))
+          per_worker_buffer_size=max(1, self.prefetch)),
+                                             worker_init_fn=_ignore_sigint)
     else:
       it = ds.to_iter_dataset(grain.ReadOptions(
           num_threads=self.prefetch, prefetch_buffer_size=self.prefetch))
-    for host in it:
-      yield self._on_mesh(host)
+    try:
+      for host in it:
+        yield self._on_mesh(host)
+    finally:
+      # Stopped early (a preemption, Ctrl-C, an error) or done: the workers
+      # stop and the batches in flight release their shared memory.
+      if hasattr(it, 'close'):
+        it.close()
+
+
+def _ignore_sigint(worker_index: int, worker_count: int) -> None:
+  """A decoding worker's start: Ctrl-C, which a terminal sends to the whole
+  process group, is the training process's to handle (it saves the step
+  reached, then stops the workers), not a worker's to die of."""
+  del worker_index, worker_count
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def eval_batches(source, *, batch_size: int, sharding: jax.sharding.Sharding

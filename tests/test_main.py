@@ -1,4 +1,4 @@
-"""main.py as a user runs it: how a run stops (NaN guard, SIGTERM).
+"""main.py as a user runs it: how a run stops (NaN guard, SIGTERM, Ctrl-C).
 
 Both must end with their own message last, after the asynchronous
 checkpointer has finished, and leave no half-written checkpoint behind.
@@ -65,23 +65,34 @@ def test_nan_guard_message_is_last_and_checkpoints_are_complete(
       _checkpoint_dirs(tmp_path))
 
 
-def test_sigterm_saves_the_step_reached_and_exits_143(folder, tmp_path):
-  # 8 steps of 32; SIGTERM once the first regular checkpoint (step 2) exists.
+@pytest.mark.parametrize('signum,status,said', [
+    (signal.SIGTERM, 143, 'preempted (SIGTERM)'),
+    (signal.SIGINT, 130, 'interrupted (SIGINT)')])
+def test_a_stop_signal_saves_the_step_reached_and_resumes(
+    folder, tmp_path, signum, status, said):
+  """SIGTERM (a preemption) and Ctrl-C stop the same way: the step reached
+  is saved, the message is last, the same command resumes. Ctrl-C as a
+  terminal sends it, to the whole process group, with the batches decoded
+  in worker processes (which must leave it to the training process)."""
+  # 8 steps of 32; the signal once the first regular checkpoint (step 2)
+  # exists.
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8')
-  proc = subprocess.Popen(
-      _flags(folder, tmp_path, '--config.checkpoint_every_steps=2',
-             '--config.log_every_steps=1'),
-      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      env=env)
+  workers = ('--config.dataset.num_workers=2',) if signum == signal.SIGINT else ()
+  flags = _flags(folder, tmp_path, '--config.checkpoint_every_steps=2',
+                 '--config.log_every_steps=1', *workers)
+  proc = subprocess.Popen(flags, cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=True)
   deadline = time.time() + 300
   while '2' not in _checkpoint_dirs(tmp_path) and time.time() < deadline:
     assert proc.poll() is None, proc.communicate()[1][-2000:]
     time.sleep(0.1)
-  proc.send_signal(signal.SIGTERM)
+  os.killpg(proc.pid, signum)
   _, err = proc.communicate(timeout=300)
-  assert proc.returncode == 143, err[-2000:]
+  assert proc.returncode == status, err[-2000:]
   last = err.strip().splitlines()[-1]
-  assert 'preempted (SIGTERM) at step' in last, last
+  assert f'{said} at step' in last, last
+  assert 'Traceback' not in err, err[-2000:]
   saved = int(last.split('at step ')[1].split(':')[0])
   # The step reached when the signal was handled was saved, even though it is
   # off the every-2-steps schedule when odd; nothing was half-written.
@@ -89,15 +100,31 @@ def test_sigterm_saves_the_step_reached_and_exits_143(folder, tmp_path):
   assert saved >= 2
   assert all(d.isdigit() for d in _checkpoint_dirs(tmp_path))
   # Rerunning the same command resumes there and finishes.
-  out = subprocess.run(
-      _flags(folder, tmp_path, '--config.checkpoint_every_steps=2',
-             '--config.log_every_steps=1'),
-      cwd=REPO, capture_output=True, text=True, timeout=600,
-      env=env)
+  out = subprocess.run(flags, cwd=REPO, capture_output=True, text=True,
+                       timeout=600, env=env)
   assert out.returncode == 0, out.stderr[-2000:]
   with open(tmp_path / 'results.json') as f:
     results = json.load(f)
   assert results['resumed_from_step'] == saved and results['steps'] == 8
+
+
+def test_a_second_ctrl_c_aborts_without_waiting_for_the_save():
+  """The first SIGINT asks for a save at the next step; a second one raises
+  KeyboardInterrupt at once (the training process's own handlers)."""
+  from contrastive_jax import train  # pylint: disable=g-import-not-at-top
+  before = signal.getsignal(signal.SIGINT)
+  check, restore = train._stop_signals()  # pylint: disable=protected-access
+  try:
+    assert check(1) == ''
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.1)
+    assert check(2) == 'SIGINT'
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+      time.sleep(1)
+  finally:
+    restore()
+  assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_what_a_person_sees(folder, tmp_path):

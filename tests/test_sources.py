@@ -670,6 +670,8 @@ def test_worker_processes_decode_on_their_share_of_the_cores(folder):
 def test_a_workdir_resumes_with_another_decoding(tmp_path):
   from contrastive_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   config = config_lib.with_defaults(test_config.get_config())
+  workdir_lib.bind(str(tmp_path), config, classes=None, image_shape=(8, 8, 1))
+  (tmp_path / 'checkpoints' / '2').mkdir(parents=True)   # A run to protect.
   workdir_lib.check_config(config, str(tmp_path))
   config.dataset.num_workers = 6     # How, not what: the same batches.
   workdir_lib.check_config(config, str(tmp_path))

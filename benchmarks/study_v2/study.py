@@ -557,7 +557,10 @@ def execute(run: Run, results_dir: str, work_root: str, *, root: str = ROOT,
       with open(res_file) as f:
         res = json.load(f)
       invocation['outcome'] = 'finished'
-      invocation['train_seconds'] = res.get('train_seconds')
+      # This invocation's own training time (results.json's
+      # `train_seconds` sums every invocation where it has this field).
+      invocation['train_seconds'] = res.get('train_seconds_this_run',
+                                            res.get('train_seconds'))
       if res.get('resumed_from_step') != invocation['resumed_from_step']:
         invocation['main_resumed_from_step'] = res.get('resumed_from_step')
       record.update({

@@ -37,6 +37,7 @@ import jax
 import ml_collections
 from absl import logging
 
+from contrastive_jax import errors
 from contrastive_jax import progress
 from contrastive_jax.evaluators import base
 from contrastive_jax.evaluators import diagnostics
@@ -77,18 +78,22 @@ def build(config) -> dict[str, base.Evaluator]:
 
 def validate(config, *, num_devices: int, num_train: int | None = None
              ) -> None:
-  """Each evaluator's own checks, and no two writing the same keys."""
+  """Each evaluator's own checks, and no two writing the same keys; raises
+  `errors.ConfigError` with every problem found."""
+  problems = errors.Problems()
   evaluators = build(config)
   for ev in evaluators.values():
-    ev.validate(config, num_devices=num_devices, num_train=num_train)
+    with problems.check():
+      ev.validate(config, num_devices=num_devices, num_train=num_train)
   for online in (False, True):
     kinds = [ev.type for ev in evaluators.values()
              if (ev.every_steps > 0) == online]
     if len(kinds) != len(set(kinds)):
-      raise ValueError(
+      problems.found.append(
           f'config.evals has two {"online" if online else "final"} '
           'evaluators of the same type, whose metrics would overwrite each '
           'other; turn one off (every_steps=-1).')
+  problems.raise_any()
 
 
 def _log(name: str, out: dict[str, float], times: dict[str, float]) -> None:

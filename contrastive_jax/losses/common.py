@@ -58,6 +58,10 @@ def l2_normalize(x: jax.Array, axis: int = -1, eps: float = 1e-12) -> jax.Array:
   return x * jax.lax.rsqrt(jnp.maximum(sum_sq, eps))
 
 
+# The most views per instance a recipe makes (multi-crop: 2 + 8).
+MAX_VIEWS = 64
+
+
 def check_views(z, name: str, *, min_views: int = 1, max_views: int | None = None
                 ) -> None:
   """Raises ValueError unless `z` is [N, V, D] with min_views <= V <= max_views.
@@ -70,7 +74,15 @@ def check_views(z, name: str, *, min_views: int = 1, max_views: int | None = Non
     raise ValueError(
         f'{name} must have shape [N, V, D] (instances, views, dim); got shape '
         f'{tuple(shape)}. Stack views with jnp.stack(views, axis=1).')
-  v = shape[1]
+  n, v = shape[0], shape[1]
+  if v > max(n, MAX_VIEWS):
+    # More views than instances, and more than any recipe makes: most likely
+    # views stacked first. (Where both counts are plausible, the shape
+    # cannot tell the layouts apart.)
+    raise ValueError(
+        f'{name} has shape {tuple(shape)}: {v} views of {n} instances. {name} '
+        f'is [N, V, D]; views stacked first ([V, N, D]) need '
+        f'{name}.swapaxes(0, 1), or jnp.stack(views, axis=1).')
   if v < min_views or (max_views is not None and v > max_views):
     want = (f'at least {min_views}' if max_views is None else
             f'between {min_views} and {max_views}')

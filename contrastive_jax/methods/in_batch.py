@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
+
 from contrastive_jax import losses
 from contrastive_jax.methods import base
 
@@ -20,6 +23,26 @@ class Method(base.Method):
   use_labels: bool = False
   losses = ('ntxent', 'supcon', 'tcl', 'cacr', 'macl', 'dcl', 'align_uniform',
             'hard_negative', 'cmc')
+
+  @classmethod
+  def validate(cls, config, num_devices: int) -> None:
+    super().validate(config, num_devices)
+    # The loss traced on the batch's shapes (nothing runs): what it needs of
+    # the views (e.g. two per instance) fails here, naming the fields,
+    # rather than after compilation, naming z.
+    b, v = config.batch_size, config.augment.num_views
+    z = jax.ShapeDtypeStruct((b, v, config.model.head_out_dim), jnp.float32)
+    labels = (jax.ShapeDtypeStruct((b,), jnp.int32) if config.use_labels
+              else None)
+    try:
+      jax.eval_shape(lambda z, labels: losses.apply(
+          config.loss, losses.LossInputs(z=z, labels=labels),
+          **dict(config.loss_kwargs)), z, labels)
+    except (TypeError, ValueError) as e:
+      raise ValueError(
+          f'config.loss={config.loss!r} cannot take the batch that '
+          f'config.batch_size={b} and config.augment.num_views={v} make: '
+          f'{e}') from None
 
   @classmethod
   def from_config(cls, config, ctx: base.Context) -> 'Method':
