@@ -1129,7 +1129,8 @@ def _full_train_seconds(rec: dict) -> float:
   every invocation where it also gives `train_seconds_this_run`; an older
   one timed only the steps after the restored checkpoint, so it is scaled
   by steps / steps run."""
-  if 'train_seconds_this_run' in rec:
+  if rec.get('train_seconds_this_run') is not None and (
+      rec.get('train_seconds') is not None):
     return rec['train_seconds']
   done = rec['steps'] - (rec.get('resumed_from_step') or 0)
   return rec['train_seconds'] * rec['steps'] / max(done, 1)

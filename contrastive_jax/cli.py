@@ -117,8 +117,9 @@ def _parser(summary: str, usage: str, flag_names, *, fields: bool):
       _print_help(summary, usage, flag_names, fields=fields)
     if problem := _config_file_problem(argv[1:]):
       _fail(problem)
-    verbose = any(re.fullmatch(r'(--verbosity|-v)=?[1-9]\d*', a)
-                  for a in argv[1:])
+    verbose = any(re.fullmatch(r'(--verbosity|-v)=?[1-9]\d*', a) or (
+        a in ('--verbosity', '-v') and re.fullmatch(r'[1-9]\d*', b))
+                  for a, b in zip(argv[1:], argv[2:] + ['']))
     try:
       return FLAGS(argv)
     except (flags.Error, AttributeError) as e:
@@ -141,29 +142,35 @@ def _parse_error_message(e: Exception, argv) -> str:
   # of "'batch_sise'\nDid you mean "batch_size" instead of "batch_sise"?".
   text = str(e)
   hint = re.search(r'Did you mean "(\w+)" instead of "(\w+)"', text)
-  name = hint.group(2) if hint else re.search(r'(\w+)', text).group(1)
-  flag = next((a.split('=')[0] for a in argv[1:]
-               if a.split('=')[0].endswith('.' + name)), name)
+  name = hint.group(2) if hint else (re.findall(r"'(\w+)'", text) or [''])[0]
+  flag = next((a.split('=')[0] for a in argv[1:] if name and
+               a.startswith('--config.') and
+               a.split('=')[0].endswith('.' + name)), None)
+  if flag is None:     # Not an override: the config file itself failed.
+    return (f'the config file failed: AttributeError: {text} '
+            '(--verbosity=1 for the traceback).')
   return (f'{flag}: the config has no field {name!r}'
           + (f'; did you mean {hint.group(1)!r}?' if hint else '')
           + ' (configs/base.py lists every field).')
 
 
-def _user_errors():
+def _user_errors(*more):
   """The errors that end a command with their message alone (the user's
-  mistake, not the program's); a traceback with --verbosity >= 1."""
+  mistake, not the program's), and `more`; a traceback with --verbosity >=
+  1."""
   from contrastive_jax import errors  # pylint: disable=g-import-not-at-top
   from contrastive_jax import storage  # pylint: disable=g-import-not-at-top
   from input_pipeline import datasets  # pylint: disable=g-import-not-at-top
-  return (errors.ConfigError, storage.StorageError, FileNotFoundError,
-          datasets.DatasetUnavailableError)
+  return (errors.ConfigError, storage.StorageError,
+          datasets.DatasetUnavailableError) + more
 
 
-def _run_reporting_user_errors(fn, *, interrupted: str):
-  """fn(), with a user error or Ctrl-C outside training ending in one line."""
+def _run_reporting_user_errors(fn, *, interrupted: str, more=()):
+  """fn(), with a user error (`_user_errors(*more)`) or a Ctrl-C that
+  training did not handle ending in one line."""
   try:
     return fn()
-  except _user_errors() as e:
+  except _user_errors(*more) as e:
     if FLAGS.verbosity >= 1:
       raise
     text = str(e)
@@ -238,8 +245,8 @@ def train(argv=None) -> None:
         sys.exit(130 if e.signal == 'SIGINT' else 143)
 
     _run_reporting_user_errors(run, interrupted=(
-        f'Checkpoints saved so far are in {workdir}/checkpoints; rerun the '
-        'same command to resume.'))
+        f'Checkpoints saved so far, if any, are in {workdir}/checkpoints; '
+        'rerun the same command to resume.'))
 
   app.run(main, argv=argv, flags_parser=_parser(
       'Pretrains a contrastive model on config.dataset, checkpointing to '
@@ -283,7 +290,10 @@ def evaluate(argv=None) -> None:
             linear_eval_epochs=FLAGS.linear_eval_epochs,
             diagnostics=FLAGS.diagnostics, cacr_t_neg=FLAGS.cacr_t_neg,
             seed=FLAGS.seed),
-        interrupted='Nothing was written.')
+        interrupted='results.json was not written.',
+        # Before any evaluation: a workdir, checkpoint or step that is not
+        # there.
+        more=(FileNotFoundError,))
     width = max(len(k) for k in results)
     for k in sorted(results):
       print(f'{k:<{width}}  {results[k]}')

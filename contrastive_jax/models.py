@@ -496,7 +496,11 @@ def validate(config) -> None:
                      f'{", ".join(sorted(ENCODERS))}.')
   module = ENCODERS[name]
   module = getattr(module, 'func', module)    # ResNet18/50: partials.
-  fields = {f.name for f in dataclasses.fields(module)} - {'parent', 'name'}
+  if not dataclasses.is_dataclass(module):    # A factory: its own checks.
+    return
+  # create_model passes the compute dtype (config.model.dtype) itself.
+  fields = {f.name for f in dataclasses.fields(module)} - {
+      'parent', 'name', 'dtype'}
   unknown = sorted(set(config.model.encoder_kwargs) - fields)
   if unknown:
     raise ValueError(f'config.model.encoder_kwargs: {name} has no field '

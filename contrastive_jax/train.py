@@ -18,8 +18,10 @@ last thing printed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
 from typing import Any
 
 import jax
@@ -91,9 +93,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       of opening `config.dataset` (tests inject synthetic data this way).
 
   Returns the results dict written to results.json. Raises `Preempted`
-  (SIGTERM; the step reached is saved), FloatingPointError (a non-finite
-  metric; earlier checkpoints are kept) or ValueError (a bad config or data,
-  docs/input_pipeline.md).
+  (SIGTERM or Ctrl-C; the step reached is saved), FloatingPointError (a
+  non-finite metric; earlier checkpoints are kept) or `errors.ConfigError`
+  (a config or data that cannot run, every problem found, before anything
+  is written; docs/input_pipeline.md).
   """
   config, train_data, test_data = _prepare(config, workdir, data)
   splits = {'training data': train_data, 'evaluation data': test_data}
@@ -123,9 +126,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   start = int(state.step)
   log = reporting.TrainLog(workdir, config, start=start,
                            total_steps=total_steps)
-  preempted, restore_signals = _stop_signals()
-  stream = batches.iterate(start, total_steps)
-  try:
+  # Unwound in reverse on any exit: the decoding workers stop; in-flight
+  # asynchronous saves finish (or fail) before any error propagates, so the
+  # error is the last thing printed and no half-written checkpoint directory
+  # is left behind; the signal handlers go back.
+  with contextlib.ExitStack() as stack:
+    preempted = stack.enter_context(_stop_signals())
+    stack.callback(manager.close)
+    stack.callback(manager.wait_until_finished)
+    stream = stack.enter_context(contextlib.closing(
+        batches.iterate(start, total_steps)))
     with progress.bar(total_steps, 'pretraining', initial=start) as bar:
       for step, batch in zip(range(start, total_steps),
                              log.input(stream)):
@@ -147,14 +157,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
           log.save()
         if stop:
           raise Preempted(stop, done, workdir)
-  finally:
-    restore_signals()
-    # In-flight asynchronous saves finish (or fail) before any error
-    # propagates: the error is the last thing printed, and no half-written
-    # checkpoint directory is left behind.
-    manager.wait_until_finished()
-    manager.close()
-    stream.close()     # Decoding workers stop; their batches are released.
   log.end_training()
   # The donated initial state is gone; init is deterministic: redo it.
   results, embeddings = _evaluate(evals, env, state,
@@ -184,7 +186,9 @@ def _prepare(config, workdir: str, data):
       data = data_lib.load(config, stored_classes)
     except errors.ConfigError:
       raise
-    except ValueError as e:   # The data's own checks: a user error too.
+    except (ValueError, FileNotFoundError) as e:
+      # The data's own checks (a missing folder or split, too many bad
+      # files): a user error too.
       raise errors.ConfigError([str(e)]) from e
   train_data, test_data = data
   workdir_lib.check_classes(workdir, stored_classes, train_data.classes)
@@ -214,37 +218,46 @@ def _evaluate(evals, env, state, initial_state, splits):
   return results, embeddings
 
 
+@contextlib.contextmanager
 def _stop_signals():
-  """(check, restore): check(step) -> the name of the signal that stops the
-  job at `step` ('SIGTERM', 'SIGINT'), else '' ; restore() puts the previous
-  handlers back.
+  """Yields check(step) -> the name of the signal that stops the job at
+  `step` ('SIGTERM', 'SIGINT'), else ''; the previous handlers are back on
+  exit.
 
   SIGTERM is a preemption notice; SIGINT (Ctrl-C) stops the same way: the
-  step is saved and the job exits. A second SIGINT aborts at once
-  (KeyboardInterrupt), without waiting for the save. Multi-process: JAX's
-  preemption sync manager catches SIGTERM on any host and agrees on one step
-  for every process (`reached_preemption_sync_point`), so all of them save
-  the same step; SIGINT is passed on to it as a SIGTERM to this process.
-  Single process: the handlers here.
+  step is saved and the job exits. A second Ctrl-C aborts at once: a
+  KeyboardInterrupt (checkpoint writes already under way still finish, so
+  none is left half-written), or, with several processes, the process
+  exits (the others would wait for it in the step's collectives).
+  Multi-process: JAX's preemption sync manager catches SIGTERM on any host
+  and agrees on one step for every process (`reached_preemption_sync_point`),
+  so all of them save the same step; SIGINT is passed on to it as a SIGTERM
+  to this process. Handlers can only be set from the main thread; from
+  another one the job stops only on JAX's multi-process preemption notice.
   """
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  several = jax.process_count() > 1
   received = []
 
   def on_sigint(signum, frame):
     del frame
     received.append(signum)
-    # A second Ctrl-C aborts at once.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    if jax.process_count() > 1:
+    os.write(2, b'\nCtrl-C: saving this step, then stopping (Ctrl-C again '
+                b'aborts).\n')
+    signal.signal(signal.SIGINT, (lambda *_: os._exit(130)) if several
+                  else signal.default_int_handler)
+    if several:
       os.kill(os.getpid(), signal.SIGTERM)
 
-  previous = {signal.SIGINT: signal.signal(signal.SIGINT, on_sigint)}
-  if jax.process_count() == 1:
-    previous[signal.SIGTERM] = signal.signal(
-        signal.SIGTERM, lambda signum, frame: received.append(signum))
+  previous = {}
+  if threading.current_thread() is threading.main_thread():
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)
+    if not several:
+      previous[signal.SIGTERM] = signal.signal(
+          signal.SIGTERM, lambda signum, frame: received.append(signum))
 
   def check(step: int) -> str:
-    if jax.process_count() > 1:
+    if several:
       stop = multihost_utils.reached_preemption_sync_point(step)
     else:
       stop = bool(received)
@@ -252,8 +265,8 @@ def _stop_signals():
       return ''
     return 'SIGINT' if signal.SIGINT in received else 'SIGTERM'
 
-  def restore():
+  try:
+    yield check
+  finally:
     for signum, handler in previous.items():
       signal.signal(signum, handler)
-
-  return check, restore

@@ -108,6 +108,8 @@ def bind(workdir: str, config, *, classes, image_shape) -> None:
   if classes is not None and (fresh or
                               not storage.path(classes_path).exists()):
     reporting.write_json(classes_path, {'classes': list(classes)})
+  elif classes is None and fresh and storage.path(classes_path).exists():
+    storage.path(classes_path).unlink()   # A failed start's folder classes.
   reporting.write_json(os.path.join(workdir, 'data.json'),
                        {'image_shape': [int(d) for d in image_shape]})
 

@@ -367,14 +367,14 @@ class TrainBatches:
     else:
       it = ds.to_iter_dataset(grain.ReadOptions(
           num_threads=self.prefetch, prefetch_buffer_size=self.prefetch))
+    iterator = iter(it)
     try:
-      for host in it:
+      for host in iterator:
         yield self._on_mesh(host)
     finally:
       # Stopped early (a preemption, Ctrl-C, an error) or done: the workers
       # stop and the batches in flight release their shared memory.
-      if hasattr(it, 'close'):
-        it.close()
+      iterator.close()
 
 
 def _ignore_sigint(worker_index: int, worker_count: int) -> None:

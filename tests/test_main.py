@@ -108,22 +108,23 @@ def test_a_stop_signal_saves_the_step_reached_and_resumes(
   assert results['resumed_from_step'] == saved and results['steps'] == 8
 
 
-def test_a_second_ctrl_c_aborts_without_waiting_for_the_save():
-  """The first SIGINT asks for a save at the next step; a second one raises
-  KeyboardInterrupt at once (the training process's own handlers)."""
+def test_a_second_ctrl_c_raises_at_once(capfd):
+  """The first SIGINT asks for a save at the end of the step, and says so;
+  a second one raises KeyboardInterrupt at once, mid-step (the training
+  process's own handlers, one process), and the previous handlers return."""
   from contrastive_jax import train  # pylint: disable=g-import-not-at-top
   before = signal.getsignal(signal.SIGINT)
-  check, restore = train._stop_signals()  # pylint: disable=protected-access
-  try:
+  with train._stop_signals() as check:  # pylint: disable=protected-access
     assert check(1) == ''
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.1)
     assert check(2) == 'SIGINT'
+    assert 'Ctrl-C: saving this step' in capfd.readouterr().err
+    t = time.time()
     with pytest.raises(KeyboardInterrupt):
       os.kill(os.getpid(), signal.SIGINT)
-      time.sleep(1)
-  finally:
-    restore()
+      time.sleep(10)               # A step that would take 10 s.
+    assert time.time() - t < 5
   assert signal.getsignal(signal.SIGINT) is before
 
 

@@ -293,7 +293,7 @@ def test_paper_config_without_its_dataset_fails_fast_naming_the_fix(
     tmp_path, scale, words):
   # The real entry point and the papers' configs: without ImageNet prepared,
   # or CIFAR downloadable (no network here), it must stop before any training
-  # with what to do, and leave nothing but config.json behind.
+  # with what to do, in one line, having written nothing.
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = subprocess.run(
       [sys.executable, 'main.py', f'--config=configs/papers/simclr.py:{scale}',
@@ -301,11 +301,12 @@ def test_paper_config_without_its_dataset_fails_fast_naming_the_fix(
        '--config.batch_size=64', '--config.eval.batch_size=64'],
       cwd=repo, capture_output=True, text=True, timeout=300,
       env=dict(os.environ, JAX_PLATFORMS='cpu'))
-  assert out.returncode != 0
+  assert out.returncode == 2, out.stderr[-3000:]
   last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: ') and 'Traceback' not in out.stderr, last
   for word in words:
     assert word in last, last
-  assert os.listdir(tmp_path / 'run') == ['config.json']
+  assert not os.path.exists(tmp_path / 'run')
 
 
 def test_npz_splits_read_whole_or_sliced_and_errors_name_the_fix(tmp_path):

@@ -396,9 +396,9 @@ def test_unreachable_storage_is_one_line_before_any_work(gcs, tmp_path,
   out = subprocess.run(_main(workdir, data_dir, *_folder_flags()),
                        cwd=cwd, env=env, capture_output=True, text=True,
                        timeout=300)
-  assert out.returncode == 1
+  assert out.returncode == 2, out.stderr[-3000:]
   last = _last(out.stderr)
-  assert last.startswith('StorageError: ') and repr(named) in last and (
+  assert last.startswith('error: ') and repr(named) in last and (
       want in last), last
   assert 'Traceback' not in out.stderr, out.stderr[-3000:]
   assert time.time() - t < 60

@@ -190,7 +190,9 @@ def test_bad_config_values_fail_before_training(tmp_path):
   config.batch_size = 30          # Not divisible by 8 devices.
   with pytest.raises(ValueError, match='divisible'):
     train.train_and_evaluate(config, str(tmp_path / 'b'), data=DATA)
-  assert not os.path.exists(tmp_path / 'a' / 'checkpoints')
+  # Nothing written: neither workdir exists.
+  assert not os.path.exists(tmp_path / 'a')
+  assert not os.path.exists(tmp_path / 'b')
 
 
 def _main(*args):

@@ -31,6 +31,8 @@ class Method(base.Method):
     # the views (e.g. two per instance) fails here, naming the fields,
     # rather than after compilation, naming z.
     b, v = config.batch_size, config.augment.num_views
+    if not all(isinstance(n, int) and n >= 1 for n in (b, v)):
+      return           # Their own checks name them.
     z = jax.ShapeDtypeStruct((b, v, config.model.head_out_dim), jnp.float32)
     labels = (jax.ShapeDtypeStruct((b,), jnp.int32) if config.use_labels
               else None)
