@@ -81,3 +81,20 @@ def add_bad_files(class_dir: str) -> list[str]:
     with open(paths[-1], 'wb') as f:
       f.write(data)
   return paths
+
+
+def main_argv(folder: str, workdir, *extra) -> list[str]:
+  """main.py's argv for a run of seconds on a `make_jpeg_folder` folder:
+  configs/test.py streaming the folder at 16 px through a 2-layer CNN, no
+  baselines or online kNN, a 5-iteration probe; `extra` flags last."""
+  import sys  # pylint: disable=g-import-not-at-top
+  return [sys.executable, 'main.py', '--config=configs/test.py',
+          f'--workdir={workdir}', '--config.dataset.name=image_folder',
+          '--config.dataset.train_split=train',
+          '--config.dataset.eval_split=test',
+          f'--config.dataset.data_dir={folder}',
+          '--config.dataset.image_size=16', '--config.dataset.in_memory=False',
+          '--config.model.encoder_kwargs.widths=(4,8)',
+          '--config.eval.baselines=False',
+          '--config.evals.online_knn.every_steps=-1',
+          '--config.evals.linear.max_iter=5', *extra]

@@ -148,5 +148,6 @@ def test_an_image_folder_is_labelled_with_the_runs_classes(tmp_path):
   workdir.mkdir()
   (workdir / 'config.json').write_text(config.to_json_best_effort())
   (workdir / 'classes.json').write_text(json.dumps({'classes': ['a', 'b']}))
+  (workdir / 'checkpoints' / '2').mkdir(parents=True)    # A run's workdir.
   with pytest.raises(ValueError, match=r"class folders \['c'\].*classes.json"):
     eval_checkpoint.evaluate_checkpoint(str(workdir))

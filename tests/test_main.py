@@ -12,7 +12,6 @@ import re
 import signal
 import struct
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -20,6 +19,7 @@ import pytest
 
 from synthetic_data import add_bad_files
 from synthetic_data import make_colour_folder
+from synthetic_data import main_argv
 from synthetic_data import make_jpeg_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,16 +32,6 @@ def folder(tmp_path_factory):
   return root
 
 
-def _flags(folder, workdir, *extra):
-  return [sys.executable, 'main.py', '--config=configs/test.py',
-          f'--workdir={workdir}', '--config.dataset.name=image_folder',
-          '--config.dataset.train_split=train',
-          '--config.dataset.eval_split=test',
-          f'--config.dataset.data_dir={folder}',
-          '--config.dataset.image_size=16', '--config.dataset.in_memory=False',
-          '--config.model.encoder_kwargs.widths=(4,8)',
-          '--config.eval.baselines=False', '--config.evals.online_knn.every_steps=-1',
-          '--config.evals.linear.max_iter=5', *extra]
 
 
 def _checkpoint_dirs(workdir):
@@ -52,7 +42,7 @@ def _checkpoint_dirs(workdir):
 def test_nan_guard_message_is_last_and_checkpoints_are_complete(
     folder, tmp_path):
   out = subprocess.run(
-      _flags(folder, tmp_path, '--config.optimizer.base_learning_rate=1e30',
+      main_argv(folder, tmp_path, '--config.optimizer.base_learning_rate=1e30',
              '--config.log_every_steps=1', '--config.checkpoint_every_steps=1'),
       cwd=REPO, capture_output=True, text=True, timeout=600,
       env=dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8'))
@@ -78,7 +68,7 @@ def test_a_stop_signal_saves_the_step_reached_and_resumes(
   # exists.
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8')
   workers = ('--config.dataset.num_workers=2',) if signum == signal.SIGINT else ()
-  flags = _flags(folder, tmp_path, '--config.checkpoint_every_steps=2',
+  flags = main_argv(folder, tmp_path, '--config.checkpoint_every_steps=2',
                  '--config.log_every_steps=1', *workers)
   proc = subprocess.Popen(flags, cwd=REPO, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env=env,
@@ -135,7 +125,7 @@ def test_what_a_person_sees(folder, tmp_path):
   curves (learning rate against its closed form) in history.json."""
   total, every = 32, 3      # 4 epochs of 256 / 32; 32 // 10 = 3.
   out = subprocess.run(
-      _flags(folder, tmp_path, '--progress=on', '--config.num_epochs=4',
+      main_argv(folder, tmp_path, '--progress=on', '--config.num_epochs=4',
              '--config.log_every_steps=1', '--config.eval.baselines=True',
              '--config.evals.online_knn.every_steps=16',
              '--config.evals.online_knn.bank_size=128',
@@ -219,7 +209,7 @@ def test_a_folder_lacking_a_class_with_bad_files_ends_correctly(tmp_path):
   bad = add_bad_files(str(data / 'train' / 'b'))
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8')
   out = subprocess.run(
-      _flags(data, tmp_path / 'run', '--config.eval.baselines=True',
+      main_argv(data, tmp_path / 'run', '--config.eval.baselines=True',
              '--config.dataset.max_bad_fraction=0.05'),
       cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
   assert out.returncode == 0, out.stderr[-3000:]
@@ -239,7 +229,7 @@ def test_a_folder_lacking_a_class_with_bad_files_ends_correctly(tmp_path):
   # In memory, with the default fraction (1%): 3 of 99 stop the run while
   # the data loads, the files listed last.
   out = subprocess.run(
-      _flags(data, tmp_path / 'refused', '--config.dataset.in_memory=True'),
+      main_argv(data, tmp_path / 'refused', '--config.dataset.in_memory=True'),
       cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
   assert out.returncode != 0
   last = out.stderr.strip().splitlines()[-1]

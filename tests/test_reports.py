@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import types
 
@@ -21,6 +20,7 @@ import pytest
 from contrastive_jax import eval_checkpoint
 from contrastive_jax import progress
 from contrastive_jax import reporting
+from synthetic_data import main_argv
 from synthetic_data import make_jpeg_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,18 +35,8 @@ def folder(tmp_path_factory):
 
 
 def _flags(folder, workdir, *extra):
-  return [sys.executable, 'main.py', '--config=configs/test.py',
-          f'--workdir={workdir}', '--config.dataset.name=image_folder',
-          '--config.dataset.train_split=train',
-          '--config.dataset.eval_split=test',
-          f'--config.dataset.data_dir={folder}',
-          '--config.dataset.image_size=16', '--config.dataset.in_memory=False',
-          '--config.model.encoder_kwargs.widths=(4,8)',
-          '--config.eval.baselines=False',
-          '--config.evals.online_knn.every_steps=-1',
-          '--config.evals.linear.max_iter=5',
-          '--config.eval.embedding_points=64',
-          *extra]
+  return main_argv(folder, workdir, '--config.eval.embedding_points=64',
+                   *extra)
 
 
 def _main(folder, workdir, *extra):
