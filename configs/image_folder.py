@@ -19,8 +19,9 @@ images: `--config.dataset.image_size=64`; a GPU and thousands of images: a
 paper's recipe (configs/papers/simclr.py:cifar10) with this dataset.
 
 Expected: on a generated folder of 320 training and 80 test images (four
-classes told apart by stripes and tint under noise; tests/test_first_hour.py), a
-few minutes on 2 CPU cores; its accuracies are those of that toy data.
+classes told apart by stripes and tint under noise; tests/test_first_hour.py),
+about 2.5 minutes on 2 CPU cores, kNN 96.25% (untrained encoder 58.75%, raw
+pixels 65.00%; toy data); docs/configs.md, "Your own images".
 """
 
 from configs import base

@@ -12,6 +12,7 @@ from typing import Any
 
 from absl import logging
 
+from contrastive_jax import errors
 from input_pipeline import pipeline
 from input_pipeline import sources
 from input_pipeline import splits
@@ -33,7 +34,18 @@ def load(config, classes=None):
   splits are checked: the same on every process, no more undecodable records
   than `config.dataset.max_bad_fraction` (all of them decoded first with
   `config.dataset.verify`), and any difference in their classes logged.
+  What the data's own checks find (a missing folder or split, too many bad
+  files) raises `errors.ConfigError`: a user's error, not the program's.
   """
+  try:
+    return _load(config, classes)
+  except errors.ConfigError:
+    raise
+  except (ValueError, FileNotFoundError) as e:
+    raise errors.ConfigError([str(e)]) from e
+
+
+def _load(config, classes):
   ds = config.dataset
   if ds.name == 'image_folder' and classes is None and ds.data_dir:
     classes = sources.folder_classes(ds.data_dir)   # One list, both splits.

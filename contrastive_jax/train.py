@@ -33,7 +33,6 @@ from jax.sharding import PartitionSpec as P
 from contrastive_jax import checkpointing
 from contrastive_jax import config_lib
 from contrastive_jax import data as data_lib
-from contrastive_jax import errors
 from contrastive_jax import evaluators
 from contrastive_jax import progress
 from contrastive_jax import reporting
@@ -181,16 +180,7 @@ def _prepare(config, workdir: str, data):
                   write=False)
   workdir_lib.check_config(config, workdir)
   stored_classes = workdir_lib.load_classes(workdir)
-  if data is None:
-    try:
-      data = data_lib.load(config, stored_classes)
-    except errors.ConfigError:
-      raise
-    except (ValueError, FileNotFoundError) as e:
-      # The data's own checks (a missing folder or split, too many bad
-      # files): a user error too.
-      raise errors.ConfigError([str(e)]) from e
-  train_data, test_data = data
+  train_data, test_data = data or data_lib.load(config, stored_classes)
   workdir_lib.check_classes(workdir, stored_classes, train_data.classes)
   config_lib.validate_data(config, num_train=len(train_data))
   workdir_lib.bind(workdir, config, classes=train_data.classes,
