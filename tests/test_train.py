@@ -99,13 +99,14 @@ class _SlowSource:
 
 
 def test_input_wait_shows_an_input_bound_run(full_run, tmp_path, capsys):
-  # Each training batch takes 0.4 s to read on one of two prefetch threads
-  # while the tiny step takes tens of milliseconds: once the batches read
-  # ahead during the first step's compilation are used, the loop waits
-  # most of the time.
+  # Each training batch takes 1 s to read on one of two prefetch threads
+  # while the tiny step and the checkpoint of every log interval take a
+  # fraction of that, even on a loaded machine: once the batches read ahead
+  # during the first step's compilation are used, the loop waits most of
+  # the time.
   config = _config()
   results = train.train_and_evaluate(
-      config, str(tmp_path), data=(_SlowSource(DATA[0], 0.4), DATA[1]))
+      config, str(tmp_path), data=(_SlowSource(DATA[0], 1.0), DATA[1]))
   printed = capsys.readouterr().out
   assert 0.5 < results['input_wait'] <= 1.0
   with open(tmp_path / 'results.json') as f:
