@@ -9,19 +9,24 @@
 #     Fashion-MNIST npz files and the pinned wheels), copied beside the code.
 #
 #   bash benchmarks/run_on_gpu.sh check OUT [accelerator.py flags...]
+#   bash benchmarks/run_on_gpu.sh check OUT --preset=bn
 #   bash benchmarks/run_on_gpu.sh train OUT EPOCHS [main.py flags...]
 #
 # check: benchmarks/accelerator.py (steps against PyTorch, main.py end to end,
-#   the input pipeline). train: configs/simclr_resnet18_fmnist.py through
-#   main.py for EPOCHS epochs, with the reference tests (accelerator.py
-#   --parts=tests) running beside it. OUT receives the report, the logs
-#   (logs.tgz) and, for train, results.json and summary.png.
+#   the input pipeline); --preset=bn: only the step rows pending on a GPU
+#   (peak, r50, r18 with every torch.compile mode, our variants and the XLA
+#   flag rows), about 8 min (accelerator.py's docstring). train:
+#   configs/simclr_resnet18_fmnist.py through main.py for EPOCHS epochs, with
+#   the reference tests (accelerator.py --parts=tests) running beside it. OUT
+#   receives the report, the logs (logs.tgz), for check the step rows'
+#   profiles (traces.tgz) and, for train, results.json and summary.png.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=$1 out=$2
 shift 2
 work=/tmp/contrastive_jax_gpu
 mkdir -p "$work" "$out"
+out=$(cd "$out" && pwd)
 PYTHON=${PYTHON:-python3}
 
 # The pinned flax/optax/orbax/chex when they import against this host's jax,
@@ -54,6 +59,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm \
 case "$mode" in
   check)
     # Each part writes the report as it ends: a time-out keeps those done.
+    rm -rf "$work/check"
     timeout "${CHECK_TIMEOUT:-1800}" "$PYTHON" benchmarks/accelerator.py \
       --out="$work/check" "$@" 2>&1 | tee "$work/check.log"
     cp "$work/check/accelerator.json" "$work/check.log" "$out/"

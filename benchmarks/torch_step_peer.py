@@ -3,9 +3,13 @@ r"""The PyTorch peer of the accelerator train step (benchmarks/accelerator.py).
 The SimCLR step as a PyTorch user runs it on a GPU: torchvision's ResNet
 (ResNet-50 with its ImageNet stem, or ResNet-18 with the CIFAR stem: a 3x3
 stride-1 first conv and no max-pool), channels-last, bf16 autocast,
-`torch.compile` of the forward and the loss (its backward compiled with it),
-`torch.backends.cudnn.benchmark`. The same step as ours
-(`contrastive_jax/train.py` on the same config):
+`torch.compile` of the forward and the loss (its backward compiled with it)
+in `--mode` (one of torch.compile's modes, or `eager`: not compiled), the
+optimizer's step fused (`SGD(fused=True)`, one kernel launch for all the
+parameters, where the device supports it), `torch.backends.cudnn.benchmark`.
+The modes that capture CUDA graphs (reduce-overhead, max-autotune) need a
+CUDA device: without one the peer says so (`{"skipped": why}`) and exits.
+The same step as ours (`contrastive_jax/train.py` on the same config):
 
   model   encoder -> global average pool -> head: Linear(F, hidden, no bias),
           BatchNorm1d, ReLU, Linear(hidden, out); BatchNorm over all 2B views
@@ -21,7 +25,10 @@ JSON line {"ready": ...}, then reads commands from stdin, one JSON object a
 line, and answers each with one JSON line on stdout:
 
   {"cmd": "time", "steps": n}   -> {"seconds": s, "steps": n, "loss": l}
-  {"cmd": "profile", "steps": n} -> {"kernels_ms": {name: ms}, "steps": n}
+  {"cmd": "profile", "steps": n, "dir": d}
+                                -> {"trace": path, "steps": n}: a
+                                   torch.profiler chrome trace of n steps
+                                   (CPU operators, launches and kernels)
   {"cmd": "quit"}               -> exits
 
 Alone, for a quick look:
@@ -31,11 +38,13 @@ Alone, for a quick look:
 
 `--data_root=DIR --loader_workers=N` makes the standalone run read its views
 from image files (a DataLoader with SimCLR's recipe in its workers): PyTorch
-end to end.
+end to end. `--dry` (the accelerator check's CPU run) compiles with
+dynamo's eager backend: the code paths, not inductor's compilation.
 """
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -44,6 +53,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 import torchvision
+
+
+# torch.compile's modes that capture CUDA graphs.
+CUDA_GRAPH_MODES = ('reduce-overhead', 'max-autotune')
 
 
 def _say(obj) -> None:
@@ -93,10 +106,16 @@ class Step:
     self.model = model.to(self.device, memory_format=torch.channels_last)
     decay = [p for p in self.model.parameters() if p.ndim > 1]
     rest = [p for p in self.model.parameters() if p.ndim <= 1]
-    self.opt = torch.optim.SGD(
-        [{'params': decay, 'weight_decay': args.weight_decay},
-         {'params': rest, 'weight_decay': 0.}],
-        lr=args.lr, momentum=0.9)
+    groups = [{'params': decay, 'weight_decay': args.weight_decay},
+              {'params': rest, 'weight_decay': 0.}]
+    try:
+      self.opt = torch.optim.SGD(groups, lr=args.lr, momentum=0.9,
+                                 fused=True)
+      self.optimizer = 'SGD, fused'
+    except (RuntimeError, TypeError, ValueError) as e:
+      # Not on this device or torch: the default (foreach) instead.
+      self.opt = torch.optim.SGD(groups, lr=args.lr, momentum=0.9)
+      self.optimizer = f'SGD, foreach (fused: {e})'[:300]
     self.temperature = args.temperature
     rng = np.random.default_rng(0)
     views = rng.random((2 * args.batch, 3, args.image_size, args.image_size),
@@ -104,8 +123,15 @@ class Step:
     self.views = torch.from_numpy(views).to(
         self.device).contiguous(memory_format=torch.channels_last)
     self.dtype = torch.bfloat16 if args.dtype == 'bfloat16' else torch.float32
-    self.forward = torch.compile(self._forward) if args.compile else (
-        self._forward)
+    self.graphs = args.mode in CUDA_GRAPH_MODES and not args.dry
+    if args.mode == 'eager':
+      self.forward, self.compiled = self._forward, 'eager'
+    elif args.dry:
+      self.forward = torch.compile(self._forward, backend='eager')
+      self.compiled = f'{args.mode} as dynamo with the eager backend (dry)'
+    else:
+      self.forward = torch.compile(self._forward, mode=args.mode)
+      self.compiled = f'inductor, mode {args.mode}'
 
   def _forward(self, views):
     with torch.autocast(self.device.type, dtype=self.dtype,
@@ -143,29 +169,31 @@ class Step:
             memory_format=torch.channels_last)
 
   def step(self):
+    if self.graphs:   # A new iteration: the graphs' last outputs are dead.
+      torch.compiler.cudagraph_mark_step_begin()
     self.opt.zero_grad(set_to_none=True)
     loss = self.forward(self.next_views())
     loss.backward()
     self.opt.step()
     return loss
 
-  def profile(self, steps: int) -> dict:
-    """CUDA kernel time per step by kernel name (torch.profiler)."""
+  def profile(self, steps: int, out_dir: str) -> dict:
+    """A torch.profiler chrome trace of `steps` steps: the CPU operators,
+    the kernel launches and the kernels, each kernel with the correlation
+    of its launch (what accelerator.classify_torch_kernels reads)."""
     from torch.profiler import ProfilerActivity  # pylint: disable=g-import-not-at-top
     from torch.profiler import profile  # pylint: disable=g-import-not-at-top
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if self.device.type == 'cuda' else [])
     self.sync()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=activities) as prof:
       for _ in range(steps):
         self.step()
       self.sync()
-    kernels = {}
-    for evt in prof.key_averages():
-      ms = getattr(evt, 'device_time_total', None)
-      if ms is None:
-        ms = getattr(evt, 'cuda_time_total', 0)
-      if ms and evt.key:
-        kernels[evt.key] = kernels.get(evt.key, 0.) + ms / 1e3
-    return {'kernels_ms': kernels, 'steps': steps}
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, 'trace.json.gz')
+    prof.export_chrome_trace(path)
+    return {'trace': path, 'steps': steps}
 
   def sync(self):
     if self.device.type == 'cuda':
@@ -194,7 +222,11 @@ def main():
   parser.add_argument('--weight_decay', type=float, default=1e-6)
   parser.add_argument('--dtype', default='bfloat16',
                       choices=['bfloat16', 'float32'])
-  parser.add_argument('--compile', type=int, default=1)
+  parser.add_argument('--mode', default='default',
+                      help="torch.compile's mode (default, reduce-overhead, "
+                      "max-autotune, max-autotune-no-cudagraphs) or eager.")
+  parser.add_argument('--dry', action='store_true',
+                      help="Compile with dynamo's eager backend (CPU runs).")
   parser.add_argument('--warmup', type=int, default=3)
   parser.add_argument('--memory_fraction', type=float, default=0.)
   parser.add_argument('--standalone', type=int, default=0,
@@ -204,6 +236,10 @@ def main():
                       '<data_root>/<class>/<image> through a DataLoader.')
   parser.add_argument('--loader_workers', type=int, default=16)
   args = parser.parse_args()
+  if args.mode in CUDA_GRAPH_MODES and not torch.cuda.is_available():
+    _say({'skipped': f'mode {args.mode} captures CUDA graphs: no CUDA '
+                     'device here'})
+    return 0
   try:
     t0 = time.perf_counter()
     step = Step(args)
@@ -213,6 +249,8 @@ def main():
       step.step()
     step.sync()
     ready = {'ready': True, 'compile_s': time.perf_counter() - t0,
+             'mode': args.mode, 'compiled': step.compiled,
+             'cuda_graphs': step.graphs, 'optimizer': step.optimizer,
              'torch': torch.__version__,
              'torchvision': torchvision.__version__,
              'device': (torch.cuda.get_device_name()
@@ -237,7 +275,7 @@ def main():
         out['peak_bytes'] = torch.cuda.max_memory_allocated()
       _say(out)
     if cmd['cmd'] == 'profile':
-      _say(step.profile(int(cmd['steps'])))
+      _say(step.profile(int(cmd['steps']), cmd['dir']))
   return 0
 
 

@@ -8,6 +8,9 @@ Run from the repository root:
         --xla_flags=--xla_cpu_use_fusion_emitters=false   # an XLA flag's A/B
     PYTHONPATH=. .venv/bin/python benchmarks/train_step.py \
         --threads=8 --peer_devices=8        # XLA:CPU's own pool size's A/B
+    PYTHONPATH=. .venv/bin/python benchmarks/train_step.py \
+        --override=model.fused_bn=False     # a config field's A/B
+    PYTHONPATH=. .venv/bin/python benchmarks/train_step.py --ops
 
 What is measured. Every row runs in a fresh subprocess, because the number of
 virtual CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=N) must
@@ -42,6 +45,12 @@ with torch (`--torch_python`; the project does not install torch):
     python3 -m venv /tmp/torchvenv
     /tmp/torchvenv/bin/pip install torch==2.13.0 numpy
     PYTHONPATH=. .venv/bin/python benchmarks/train_step.py --peer
+
+With `--override=field=value` beside `--peer`, ours with that field set
+runs in every round as a third column: the ratio before and after a change
+behind a config switch, in one run (model.fused_bn=False: the step before
+the fused BatchNorm). `--ops` times the fused BatchNorm and the stem
+max-pool alone against the ops they replace (`run_ops`).
 
 `--peer` ends with the peer's step profiled (torch.profiler, channels-last):
 the time of its convolutions, oneDNN's forward and backward kernels, the
@@ -107,6 +116,7 @@ YNNPACK fusion types (`--xla_cpu_experimental_ynn_fusion_type`), no change.
 """
 
 import argparse
+import ast
 import json
 import os
 import statistics
@@ -126,6 +136,8 @@ ROWS = [
     ('default', 'default', 16, 512),
     ('resnet18-cifar', 'resnet18', 1, 64),
 ]
+# label -> (model, batch) of each row (the step of --override and alike).
+STEPS = {label: (model, batch) for label, model, _, batch in ROWS}
 
 
 def _worker_setup(devices: int, xla_flags: str = ''):
@@ -152,7 +164,8 @@ def _timed(fn, *args, steps: int) -> list[float]:
   return times
 
 
-def _config(model: str, batch: int, num_views: int = 2):
+def _config(model: str, batch: int, num_views: int = 2,
+            overrides: dict | None = None):
   from configs import base  # pylint: disable=g-import-not-at-top
   config = base.get_config()
   config.batch_size = batch
@@ -160,6 +173,7 @@ def _config(model: str, batch: int, num_views: int = 2):
   if model == 'resnet18':
     config.model.encoder = 'resnet18'
     config.model.encoder_kwargs = {'stem': 'cifar'}
+  config.update_from_flattened_dict(overrides or {})
   return config
 
 
@@ -196,9 +210,11 @@ def run_peak() -> dict:
 
 
 def run_step(model: str, devices: int, batch: int, steps: int,
-             num_views: int = 2, xla_flags: str = '', threads: int = 0
-             ) -> dict:
+             num_views: int = 2, xla_flags: str = '', threads: int = 0,
+             overrides: dict | None = None) -> dict:
   """Times the configured train step; see the module docstring.
+
+  overrides: config fields to set, {'model.fused_bn': False}.
 
   threads: XLA:CPU's pool size instead of the one contrastive_jax's import
   sets (runtime.size_cpu_thread_pools), e.g. the number of devices, XLA's
@@ -216,7 +232,7 @@ def run_step(model: str, devices: int, batch: int, steps: int,
     os.environ['PJRT_NPROC'] = str(threads)
 
   assert jax.device_count() == devices, jax.devices()
-  config = _config(model, batch, num_views)
+  config = _config(model, batch, num_views, overrides)
   mesh = runtime.create_mesh()
   setup = _build(config, mesh, model)
   init_fn, step_fn = setup.init_fn, setup.step_fn
@@ -347,6 +363,80 @@ def run_profile(steps: int) -> dict:
   return out
 
 
+def run_ops(steps: int, rounds: int) -> dict:
+  """The encoders' BatchNorm and stem max-pool, forward + backward in
+  isolation on one device, against what they replace, alternated.
+
+  BN rows: training-mode BatchNorm + ReLU (+ the residual add where a ResNet
+  block ends) at the small CNN's four stages (the default step's 1,024
+  views) and at ResNet-50 stage shapes (batch 32), fused
+  (`batch_norm.BatchNorm`, the textbook backward) vs nn.BatchNorm + add +
+  nn.relu by autodiff. Pool rows: the ResNets' ImageNet-stem 3x3/2 max-pool
+  (`models.max_pool_3x3_s2`, a mask-built gradient) vs nn.max_pool
+  (select-and-scatter), at ResNet-50's stem output for batch 32. Each row is
+  the best of `steps` calls per round, the median over `rounds` rounds.
+  """
+  _worker_setup(1)
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import batch_norm  # pylint: disable=g-import-not-at-top
+  from contrastive_jax import models  # pylint: disable=g-import-not-at-top
+
+  rng = np.random.default_rng(0)
+
+  def grad_fn(f, shape, with_residual):
+    """Jitted grad of <f(x, r), ct> w.r.t. x (and r), ct random."""
+    x = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    r = (jnp.asarray(rng.standard_normal(shape), jnp.float32)
+         if with_residual else None)
+    ct = jnp.asarray(rng.standard_normal(jax.eval_shape(f, x, r).shape),
+                     jnp.float32)
+    g = jax.jit(jax.grad(lambda x, r: jnp.vdot(f(x, r), ct),
+                         argnums=(0, 1) if with_residual else 0))
+    return lambda: g(x, r)
+
+  def bn(fused):
+    def f(x, r):
+      module = batch_norm.BatchNorm(fused=fused)
+      variables = module.init(jax.random.key(0), x)
+      return module.apply(variables, x, residual=r, relu=True,
+                          mutable=['batch_stats'])[0]
+    return f
+
+  def flax_bn(x, r):
+    y = nn.BatchNorm(use_running_average=False, momentum=0.9).apply(
+        {'params': {'scale': jnp.ones(x.shape[-1]),
+                    'bias': jnp.zeros(x.shape[-1])},
+         'batch_stats': {'mean': jnp.zeros(x.shape[-1]),
+                         'var': jnp.ones(x.shape[-1])}},
+        x, mutable=['batch_stats'])[0]
+    return nn.relu(y if r is None else r + y)
+
+  cases = []
+  for shape in ((1024, 28, 28, 32), (1024, 14, 14, 64), (1024, 7, 7, 128),
+                (1024, 3, 3, 256)):
+    cases.append((f'BN+ReLU {shape}', shape, False, bn(True), flax_bn))
+  for shape in ((32, 56, 56, 256), (32, 14, 14, 1024)):
+    cases.append((f'BN+add+ReLU {shape}', shape, True, bn(True), flax_bn))
+  cases.append(('max-pool 3x3/2 (32, 112, 112, 64)', (32, 112, 112, 64),
+                False, lambda x, r: models.max_pool_3x3_s2(x, 1),
+                lambda x, r: nn.max_pool(x, (3, 3), strides=(2, 2),
+                                         padding=((1, 1), (1, 1)))))
+  out = {}
+  for name, shape, res, ours, theirs in cases:
+    fns = [grad_fn(ours, shape, res), grad_fn(theirs, shape, res)]
+    for fn in fns:
+      jax.block_until_ready(fn())
+    times = [[], []]
+    for _ in range(rounds):
+      for i, fn in enumerate(fns):
+        times[i].append(min(_timed(fn, steps=steps)))
+    out[name] = [float(np.median(t)) for t in times]
+  return out
+
+
 def _step_time_by_op(step_fn, args, steps: int = 3) -> dict[str, float]:
   """Seconds per step of each part of the compiled step, from a trace.
 
@@ -459,8 +549,18 @@ def run_peer_profile(torch_python: str, batch: int) -> dict:
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _overrides(args) -> dict:
+  """--override key=value flags as {key: literal value}."""
+  return dict((k, ast.literal_eval(v))
+              for k, v in (o.split('=', 1) for o in args.override))
+
+
 def compare_with_peer(args) -> None:
-  """Ours and the PyTorch peer alternated; prints img/s and the ratio."""
+  """Ours and the PyTorch peer alternated; prints img/s and the ratio.
+
+  With `--override`, ours with those config fields set runs in each round
+  too (e.g. model.fused_bn=False: the step before the fused BatchNorm).
+  """
   missing = [p for p in (PEER_SCRIPT, args.torch_python)
              if not os.path.exists(p)]
   if missing:
@@ -468,21 +568,35 @@ def compare_with_peer(args) -> None:
              f'with: python3 -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip'
              f' install torch==2.13.0 numpy')
   batch = 512
+  variant = _overrides(args)
   print(f'\nDefault step, batch {batch} x 2 views of 28x28x1: ours on '
         f'{args.peer_devices} CPU devices vs the PyTorch peer (best layout), '
-        f'alternated, {args.steps} timed steps each')
-  print(f'{"round":<8}{"ours img/s":>12}{"peer img/s":>12}{"ours/peer":>11}')
-  ours, peer = [], []
-  for r in range(args.rounds):
+        f'alternated, {args.steps} timed steps each'
+        + (f'; "variant": ours with {variant}' if variant else ''))
+  print(f'{"round":<8}{"ours img/s":>12}'
+        + (f'{"variant":>10}' if variant else '')
+        + f'{"peer img/s":>12}{"ours/peer":>11}'
+        + (f'{"variant/peer":>14}' if variant else ''))
+  ours, other, peer = [], [], []
+
+  def ours_img_s(overrides):
     res = _subprocess(['--job', json.dumps(
         {'kind': 'step', 'model': 'default', 'devices': args.peer_devices,
-         'batch': batch, 'steps': args.steps})])
-    ours.append(batch / res['step_s'])
+         'batch': batch, 'steps': args.steps, 'overrides': overrides})])
+    return batch / res['step_s']
+
+  def row(label, o, v, p):
+    return (f'{label:<8}{o:>12.0f}' + (f'{v:>10.0f}' if variant else '')
+            + f'{p:>12.0f}{o / p:>10.2f}x'
+            + (f'{v / p:>13.2f}x' if variant else ''))
+
+  for r in range(args.rounds):
+    ours.append(ours_img_s({}))
+    other.append(ours_img_s(variant) if variant else float('nan'))
     peer.append(run_peer(args.torch_python, batch, args.steps))
-    print(f'{r + 1:<8}{ours[-1]:>12.0f}{peer[-1]:>12.0f}'
-          f'{ours[-1] / peer[-1]:>10.2f}x', flush=True)
+    print(row(str(r + 1), ours[-1], other[-1], peer[-1]), flush=True)
   o, p = statistics.median(ours), statistics.median(peer)
-  print(f'{"median":<8}{o:>12.0f}{p:>12.0f}{o / p:>10.2f}x')
+  print(row('median', o, statistics.median(other) if variant else 0., p))
   peak = _subprocess(['--job', json.dumps({'kind': 'peak'})])['peak_gflops']
   # The model's FLOPs from the 1-device executable (as the table's MFU).
   flops = _subprocess(['--job', json.dumps(
@@ -506,14 +620,19 @@ def compare_with_peer(args) -> None:
 
 
 def compare_variant(args) -> None:
-  """The default step as shipped and with `--xla_flags` or `--threads`,
-  alternated."""
-  batch = 512
-  variant = ({'xla_flags': args.xla_flags} if args.xla_flags else
-             {'threads': args.threads})
-  what = (f'XLA_FLAGS += {args.xla_flags!r}' if args.xla_flags else
-          f'XLA:CPU pools of {args.threads} threads')
-  print(f'\nDefault step, batch {batch} x 2 views, {args.peer_devices} CPU '
+  """A step as shipped and with `--xla_flags`, `--threads` or `--override`,
+  alternated (`--variant_model`: the default step or ResNet-18)."""
+  label = args.variant_model
+  model, batch = STEPS[label]
+  variant = {}
+  if args.xla_flags:
+    variant['xla_flags'] = args.xla_flags
+  if args.threads:
+    variant['threads'] = args.threads
+  if args.override:
+    variant['overrides'] = _overrides(args)
+  what = ', '.join(f'{k}={v!r}' for k, v in variant.items())
+  print(f'\n{label} step, batch {batch} x 2 views, {args.peer_devices} CPU '
         f'devices: as shipped vs {what}, alternated, {args.steps} timed '
         'steps each')
   print(f'{"round":<8}{"shipped img/s":>15}{"variant img/s":>15}{"ratio":>8}')
@@ -521,8 +640,9 @@ def compare_variant(args) -> None:
   for r in range(args.rounds):
     for extra, got in (({}, base), (variant, new)):
       res = _subprocess(['--job', json.dumps(
-          {'kind': 'step', 'model': 'default', 'devices': args.peer_devices,
-           'batch': batch, 'steps': args.steps, **extra})])
+          {'kind': 'step', 'model': model,
+           'devices': args.peer_devices, 'batch': batch, 'steps': args.steps,
+           **extra})])
       got.append(batch / res['step_s'])
     print(f'{r + 1:<8}{base[-1]:>15.0f}{new[-1]:>15.0f}'
           f'{new[-1] / base[-1]:>7.2f}x', flush=True)
@@ -538,6 +658,9 @@ def main():
                       help='only the breakdown of the default step')
   parser.add_argument('--models', default='default,resnet18-cifar',
                       help='comma-separated row labels to run')
+  parser.add_argument('--ops', action='store_true',
+                      help='only the BatchNorm and max-pool ops against what '
+                      'they replace, forward + backward (run_ops)')
   parser.add_argument('--peer', action='store_true',
                       help='only ours vs the PyTorch peer, alternated')
   parser.add_argument('--peer_devices', type=int, default=2,
@@ -555,6 +678,14 @@ def main():
                       'pools of this many threads (e.g. 8, XLA\'s own size '
                       'for 8 devices on a smaller machine), alternated '
                       '--rounds times on --peer_devices devices')
+  parser.add_argument('--override', action='append', default=[],
+                      help='only the step as shipped vs with this config '
+                      'field set (repeatable), e.g. model.fused_bn=False, '
+                      'alternated --rounds times on --peer_devices devices; '
+                      'with --peer, a third column')
+  parser.add_argument('--variant_model', default='default',
+                      choices=('default', 'resnet18-cifar'),
+                      help='the step of --xla_flags, --threads, --override')
   parser.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
   parser.add_argument('--job', default='', help=argparse.SUPPRESS)
   args = parser.parse_args()
@@ -562,18 +693,30 @@ def main():
   if args.worker:
     job = json.loads(args.job)
     kind = job.pop('kind')
-    fn = {'peak': run_peak, 'step': run_step, 'profile': run_profile}[kind]
+    fn = {'peak': run_peak, 'step': run_step, 'profile': run_profile,
+          'ops': run_ops}[kind]
     print(json.dumps(fn(**job)))
     return
 
   print(f'load average before: {os.getloadavg()} on {os.cpu_count()} CPUs '
         '(shared machine: other jobs compete for the cores)')
-  if args.xla_flags or args.threads:
-    compare_variant(args)
+  if args.ops:
+    res = _subprocess(['--job', json.dumps(
+        {'kind': 'ops', 'steps': args.steps, 'rounds': args.rounds})])
+    print(f'\nForward + backward, 1 device, median over {args.rounds} rounds '
+          f'of the best of {args.steps}:')
+    print(f'{"op":<40}{"ours ms":>9}{"replaced ms":>13}{"speed-up":>10}')
+    for name, (ours, theirs) in res.items():
+      print(f'{name:<40}{1e3 * ours:>9.1f}{1e3 * theirs:>13.1f}'
+            f'{theirs / ours:>9.2f}x')
     print(f'\nload average after: {os.getloadavg()}')
     return
   if args.peer:
     compare_with_peer(args)
+    print(f'\nload average after: {os.getloadavg()}')
+    return
+  if args.xla_flags or args.threads or args.override:
+    compare_variant(args)
     print(f'\nload average after: {os.getloadavg()}')
     return
   if args.profile:

@@ -125,12 +125,17 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.input_norm = 'none'
   config.model.head_batch_norm = True       # False: MoCo v2's head (no BN).
   # > 0: every BatchNorm of the encoder normalises each view's global batch
-  # in this many equal groups, each with its own statistics (SplitBatchNorm,
-  # models.py): BN per device of the papers' multi-GPU runs (MoCo: 8 GPUs),
+  # in this many equal groups, each with its own statistics (contrastive_jax/
+  # batch_norm.py): BN per device of the papers' multi-GPU runs (MoCo: 8 GPUs),
   # or lightly's one-GPU emulation of it (num_splits=8), on any number of
   # devices; with config.moco.shuffle_bn the key batch is shuffled over the
   # groups. batch_size must be a multiple. 0: statistics over the whole batch.
   config.model.bn_splits = 0
+  # Every encoder BatchNorm with the ReLU and residual add after it as one op
+  # with the textbook backward (contrastive_jax/batch_norm.py); False:
+  # nn.BatchNorm, then the add and the ReLU, differentiated by autodiff. The
+  # same values to float32 rounding; which is faster: docs/performance.md.
+  config.model.fused_bn = True
   # A BatchNorm on the head's output, after its last (then bias-free) dense
   # layer: SimCLR's projection head (scale, no offset), lightly's
   # SimCLRProjectionHead (scale and offset), MoCo v3's projector (neither).

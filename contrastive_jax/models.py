@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from contrastive_jax.batch_norm import BN_MOMENTUM
+from contrastive_jax.batch_norm import batch_norm
 from contrastive_jax.losses.common import l2_normalize
 
 ModuleDef = Any
@@ -33,6 +35,61 @@ def max_pool_2x2(x):
   b, h, w, c = x.shape
   x = x[:, :h // 2 * 2, :w // 2 * 2]
   return jnp.max(x.reshape(b, h // 2, 2, w // 2, 2, c), axis=(2, 4))
+
+
+def _pool_3x3_s2(x, padding: int):
+  return lax.reduce_window(
+      x, jnp.array(-jnp.inf, x.dtype), lax.max, (1, 3, 3, 1), (1, 2, 2, 1),
+      ((0, 0), (padding, padding), (padding, padding), (0, 0)))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def max_pool_3x3_s2(x, padding: int):
+  """3x3 max-pool, stride 2, `padding` (0 or 1) on each side, whose gradient
+  is built from masks instead of XLA's select-and-scatter.
+
+  [B, H, W, C] -> [B, (H + 2p - 3) // 2 + 1, ..., C], nn.max_pool's values.
+  The gradient of each output goes to the first maximum of its window in
+  row-major order, as select-and-scatter sends it: for each of the 9 window
+  offsets, the mask of the inputs at that offset equal to their window's
+  maximum and not yet taken by an earlier offset; the masked gradients are
+  placed back with pads and interleaved (no scatter). The ResNets' ImageNet
+  stem and the small AlexNet pool this way (fwd + bwd at the ResNet-50
+  stem's shape on the CPU: docs/performance.md).
+  """
+  return _pool_3x3_s2(x, padding)
+
+
+def _max_pool_fwd(x, padding):
+  y = _pool_3x3_s2(x, padding)
+  return y, (x, y)
+
+
+def _max_pool_bwd(padding, saved, g):
+  x, y = saved
+  b, h, w, c = x.shape
+  ho, wo = y.shape[1:3]
+  xp = jnp.pad(x, ((0, 0), (padding, padding), (padding, padding), (0, 0)),
+               constant_values=-jnp.inf)
+  taken = jnp.zeros(y.shape, bool)
+  planes = {}    # (row parity, column parity) -> [B, Ho + 1, Wo + 1, C].
+  for di in range(3):
+    for dj in range(3):
+      first = (xp[:, di:di + 2 * ho - 1:2, dj:dj + 2 * wo - 1:2] == y) & ~taken
+      taken = taken | first
+      # Input row di + 2 i of the padded map is row i + di // 2 of the
+      # plane of parity di % 2 (columns alike).
+      part = jnp.pad(jnp.where(first, g, 0), (
+          (0, 0), (di // 2, 1 - di // 2), (dj // 2, 1 - dj // 2), (0, 0)))
+      key = (di % 2, dj % 2)
+      planes[key] = planes[key] + part if key in planes else part
+  grad = jnp.stack([jnp.stack([planes[(r, 0)], planes[(r, 1)]], axis=3)
+                    for r in (0, 1)], axis=2)
+  grad = grad.reshape(b, 2 * ho + 2, 2 * wo + 2, c)
+  return (grad[:, padding:padding + h, padding:padding + w],)
+
+
+max_pool_3x3_s2.defvjp(_max_pool_fwd, _max_pool_bwd)
 
 
 def _im2col(x, kernel_size, pads):
@@ -122,89 +179,6 @@ def cpu_conv(lhs, rhs, window_strides, padding, lhs_dilation=None,
   return _conv_cpu(lhs, rhs, pads, precision)
 
 
-class SplitBatchNorm(nn.Module):
-  """BatchNorm whose training statistics are those of `splits` groups.
-
-  In training the batch [N, ..., C] is cut into `splits` contiguous groups of
-  N / splits examples and each group is normalised with its own mean and
-  (biased) variance over its examples and spatial positions: what BatchNorm
-  computes on each of `splits` devices that each hold one group, emulated on
-  any number of devices (lightly's SplitBatchNorm; MoCo's per-GPU BN). The
-  running statistics move towards the mean over the groups of their means
-  and of their variances (lightly averages its per-split running statistics
-  the same way). In eval mode it is ordinary BatchNorm with those running
-  statistics. Parameters (`scale`, `bias`) and statistics (`mean`, `var`)
-  have nn.BatchNorm's names, shapes and float32 dtype, and `momentum` its
-  meaning (the running statistics keep `momentum` of their value).
-  Two details differ from lightly's layer, both of BatchNorm's own kind:
-  the running variance follows the biased variance (nn.BatchNorm's rule;
-  PyTorch's is unbiased), and the groups are contiguous, as devices' shards
-  are (lightly's take every S-th example; on a shuffled batch alike).
-  """
-  splits: int
-  use_running_average: bool = False
-  momentum: float = 0.9
-  epsilon: float = 1e-5
-  dtype: Any = None
-  scale_init: Callable[..., Any] = nn.initializers.ones
-  bias_init: Callable[..., Any] = nn.initializers.zeros
-
-  @nn.compact
-  def __call__(self, x):
-    c = x.shape[-1]
-    ra_mean = self.variable('batch_stats', 'mean',
-                            lambda s: jnp.zeros(s, jnp.float32), (c,))
-    ra_var = self.variable('batch_stats', 'var',
-                           lambda s: jnp.ones(s, jnp.float32), (c,))
-    scale = self.param('scale', self.scale_init, (c,), jnp.float32)
-    bias = self.param('bias', self.bias_init, (c,), jnp.float32)
-    x32 = x.astype(jnp.float32)
-    if self.use_running_average:
-      y = (x32 - ra_mean.value) * (lax.rsqrt(ra_var.value + self.epsilon)
-                                   * scale) + bias
-    else:
-      n, s = x.shape[0], self.splits
-      if s < 1 or n % s:
-        raise ValueError(
-            f'SplitBatchNorm: a batch of {n} does not split into {s} equal '
-            'groups; set config.batch_size to a multiple of '
-            'config.model.bn_splits.')
-      groups = x32.reshape((s, n // s) + x.shape[1:])
-      axes = tuple(range(1, groups.ndim - 1))
-      mean = jnp.mean(groups, axis=axes, keepdims=True)
-      var = jnp.mean(jnp.square(groups - mean), axis=axes, keepdims=True)
-      y = ((groups - mean) * (lax.rsqrt(var + self.epsilon) * scale)
-           + bias).reshape(x.shape)
-      if not self.is_initializing():
-        m = self.momentum
-        ra_mean.value = m * ra_mean.value + (1 - m) * jnp.mean(
-            mean.reshape(s, c), axis=0)
-        ra_var.value = m * ra_var.value + (1 - m) * jnp.mean(
-            var.reshape(s, c), axis=0)
-    return y.astype(self.dtype or jnp.result_type(x.dtype, jnp.float32))
-
-
-# Every BatchNorm's running-statistics momentum, Flax's convention (the
-# statistics keep 0.9 of their value): PyTorch's momentum=0.1 (its default)
-# and TF's decay / Keras momentum 0.9 (SimCLR's and SupCon's TF codes).
-# configs/papers/recipes.yaml pins it (rows `encoder.bn_momentum`).
-BN_MOMENTUM = 0.9
-
-
-def batch_norm(*, train: bool, dtype, bn_splits: int = 0, **kwargs):
-  """The encoders' BatchNorm constructor (call it with `name=`).
-
-  `bn_splits` 0: nn.BatchNorm (statistics over the whole batch it sees; under
-  jit over the global batch). > 0: SplitBatchNorm over that many groups.
-  Both: momentum `BN_MOMENTUM` 0.9 (PyTorch's 0.1), epsilon 1e-5.
-  """
-  kwargs = dict(use_running_average=not train, momentum=BN_MOMENTUM,
-                epsilon=1e-5, dtype=dtype, **kwargs)
-  if bn_splits:
-    return functools.partial(SplitBatchNorm, splits=bn_splits, **kwargs)
-  return functools.partial(nn.BatchNorm, **kwargs)
-
-
 def bn_splits_of(model) -> int:
   """`bn_splits` of the encoder inside `model` (WithPredictor,
   ContrastiveModel or an encoder), 0 when it has none."""
@@ -225,16 +199,18 @@ class SmallCNN(nn.Module):
   widths: Sequence[int] = (32, 64, 128, 256)
   pool: str = 'avg'
   dtype: Any = jnp.float32
-  bn_splits: int = 0              # > 0: SplitBatchNorm (config.model).
+  bn_splits: int = 0              # config.model.bn_splits, .fused_bn.
+  fused_bn: bool = True
 
   @nn.compact
   def __call__(self, x, *, train: bool):
-    norm = batch_norm(train=train, dtype=self.dtype, bn_splits=self.bn_splits)
+    norm = batch_norm(train=train, dtype=self.dtype, bn_splits=self.bn_splits,
+                      fused=self.fused_bn)
     x = x.astype(self.dtype)
     for i, width in enumerate(self.widths):
       x = nn.Conv(width, (3, 3), use_bias=False, dtype=self.dtype,
                   conv_general_dilated=cpu_conv, name=f'conv{i}')(x)
-      x = nn.relu(norm(name=f'bn{i}')(x))
+      x = norm(name=f'bn{i}')(x, relu=True)
       if i < len(self.widths) - 1:
         x = max_pool_2x2(x)
     if self.pool == 'avg':
@@ -498,9 +474,10 @@ def validate(config) -> None:
   module = getattr(module, 'func', module)    # ResNet18/50: partials.
   if not dataclasses.is_dataclass(module):    # A factory: its own checks.
     return
-  # create_model passes the compute dtype (config.model.dtype) itself.
+  # create_model passes the compute dtype and the BatchNorm fields
+  # (config.model.dtype, .bn_splits, .fused_bn) itself.
   fields = {f.name for f in dataclasses.fields(module)} - {
-      'parent', 'name', 'dtype'}
+      'parent', 'name', 'dtype', 'bn_splits', 'fused_bn'}
   unknown = sorted(set(config.model.encoder_kwargs) - fields)
   if unknown:
     raise ValueError(f'config.model.encoder_kwargs: {name} has no field '
@@ -526,11 +503,14 @@ def create_model(config) -> ContrastiveModel:
   dtype = compute_dtype(config)
   head_dense_inits(config.model.head_init, 1)   # An unknown name fails here.
   norm = input_norm(config)
-  # BatchNorm over groups of the batch (SplitBatchNorm) only when asked, so
-  # that an encoder added without the field still builds.
-  splits = config.model.bn_splits
-  encoder = ENCODERS[name](**config.model.encoder_kwargs, dtype=dtype,
-                           **({'bn_splits': splits} if splits else {}))
+  # The BatchNorm fields only where they differ from the encoders' defaults
+  # (statistics over the whole batch, fused), so that an encoder added
+  # without them still builds.
+  bn = {'bn_splits': config.model.bn_splits,
+        'fused_bn': config.model.fused_bn}
+  bn = {k: v for k, v in bn.items() if v != {'bn_splits': 0,
+                                             'fused_bn': True}[k]}
+  encoder = ENCODERS[name](**config.model.encoder_kwargs, dtype=dtype, **bn)
   head = ProjectionHead(hidden_dim=config.model.head_hidden_dim,
                         out_dim=config.model.head_out_dim,
                         num_layers=config.model.head_layers,
@@ -585,12 +565,12 @@ def conv_kernel_init(name: str):
   return CONV_INITS[name]
 
 
-def _conv_and_norm(dtype, train: bool, bn_splits: int = 0,
-                   conv_init: str = 'kaiming_normal_fan_out'):
-  """The bias-free conv and the BatchNorm every ResNet block uses."""
-  conv = functools.partial(nn.Conv, use_bias=False, dtype=dtype,
-                           kernel_init=conv_kernel_init(conv_init))
-  return conv, batch_norm(train=train, dtype=dtype, bn_splits=bn_splits)
+def _conv_and_norm(block, train: bool):
+  """The bias-free conv and the BatchNorm a ResNet block uses."""
+  conv = functools.partial(nn.Conv, use_bias=False, dtype=block.dtype,
+                           kernel_init=conv_kernel_init(block.conv_init))
+  return conv, batch_norm(train=train, dtype=block.dtype,
+                          bn_splits=block.bn_splits, fused=block.fused_bn)
 
 
 class BasicBlock(nn.Module):
@@ -600,27 +580,27 @@ class BasicBlock(nn.Module):
   dtype: Any = jnp.float32
   zero_init_residual: bool = False
   bn_splits: int = 0
+  fused_bn: bool = True
   conv_init: str = 'kaiming_normal_fan_out'
 
   expansion = 1
 
   @nn.compact
   def __call__(self, x, *, train: bool):
-    conv, norm = _conv_and_norm(self.dtype, train, self.bn_splits,
-                                self.conv_init)
+    conv, norm = _conv_and_norm(self, train)
     y = conv(self.filters, (3, 3), (self.strides, self.strides),
              padding=((1, 1), (1, 1)), name='conv1')(x)
-    y = nn.relu(norm(name='bn1')(y))
+    y = norm(name='bn1')(y, relu=True)
     y = conv(self.filters, (3, 3), padding=((1, 1), (1, 1)), name='conv2')(y)
-    # Zero gamma makes each block start as the identity (Goyal et al. 2017).
-    y = norm(name='bn2', scale_init=(nn.initializers.zeros
-                                     if self.zero_init_residual
-                                     else nn.initializers.ones))(y)
     if x.shape[-1] != self.filters or self.strides != 1:
       x = conv(self.filters, (1, 1), (self.strides, self.strides),
                name='downsample_conv')(x)
       x = norm(name='downsample_bn')(x)
-    return nn.relu(x + y)
+    # Zero gamma makes each block start as the identity (Goyal et al. 2017).
+    return norm(name='bn2', scale_init=(nn.initializers.zeros
+                                        if self.zero_init_residual
+                                        else nn.initializers.ones))(
+                                            y, residual=x, relu=True)
 
 
 class Bottleneck(nn.Module):
@@ -630,28 +610,29 @@ class Bottleneck(nn.Module):
   dtype: Any = jnp.float32
   zero_init_residual: bool = False
   bn_splits: int = 0
+  fused_bn: bool = True
   conv_init: str = 'kaiming_normal_fan_out'
 
   expansion = 4
 
   @nn.compact
   def __call__(self, x, *, train: bool):
-    conv, norm = _conv_and_norm(self.dtype, train, self.bn_splits,
-                                self.conv_init)
+    conv, norm = _conv_and_norm(self, train)
     out = self.filters * self.expansion
-    y = nn.relu(norm(name='bn1')(conv(self.filters, (1, 1), name='conv1')(x)))
+    y = norm(name='bn1')(conv(self.filters, (1, 1), name='conv1')(x),
+                         relu=True)
     y = conv(self.filters, (3, 3), (self.strides, self.strides),
              padding=((1, 1), (1, 1)), name='conv2')(y)
-    y = nn.relu(norm(name='bn2')(y))
+    y = norm(name='bn2')(y, relu=True)
     y = conv(out, (1, 1), name='conv3')(y)
-    y = norm(name='bn3', scale_init=(nn.initializers.zeros
-                                     if self.zero_init_residual
-                                     else nn.initializers.ones))(y)
     if x.shape[-1] != out or self.strides != 1:
       x = conv(out, (1, 1), (self.strides, self.strides),
                name='downsample_conv')(x)
       x = norm(name='downsample_bn')(x)
-    return nn.relu(x + y)
+    return norm(name='bn3', scale_init=(nn.initializers.zeros
+                                        if self.zero_init_residual
+                                        else nn.initializers.ones))(
+                                            y, residual=x, relu=True)
 
 
 # The ResNet stems: (kernel size, stride, standard padding) of the conv;
@@ -689,7 +670,9 @@ class ResNet(nn.Module):
       so its first maps are 34 x 34 rather than 32 x 32.
     dtype: compute dtype; parameters and BN statistics stay float32.
     bn_splits: > 0: every BatchNorm normalises that many groups of its batch
-      separately in training (SplitBatchNorm; config.model.bn_splits).
+      separately in training (config.model.bn_splits).
+    fused_bn: every BatchNorm with the ReLU and residual add after it, with
+      the textbook backward (batch_norm.py; config.model.fused_bn).
   """
   stage_sizes: Sequence[int]
   block_cls: ModuleDef
@@ -701,6 +684,7 @@ class ResNet(nn.Module):
   stem_padding: int = 0
   dtype: Any = jnp.float32
   bn_splits: int = 0
+  fused_bn: bool = True
 
   @nn.compact
   def __call__(self, x, *, train: bool):
@@ -717,18 +701,18 @@ class ResNet(nn.Module):
     x = nn.Conv(self.width, (size, size), (stride, stride),
                 padding=((pad, pad), (pad, pad)), use_bias=False,
                 dtype=self.dtype, kernel_init=stem_init, name='conv_stem')(x)
-    x = batch_norm(train=train, dtype=self.dtype,
-                   bn_splits=self.bn_splits)(name='bn_stem')(x)
-    x = nn.relu(x)
+    x = batch_norm(train=train, dtype=self.dtype, bn_splits=self.bn_splits,
+                   fused=self.fused_bn)(name='bn_stem')(x, relu=True)
     if self.stem == 'imagenet':
-      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+      x = max_pool_3x3_s2(x, 1)
     for i, num_blocks in enumerate(self.stage_sizes):
       for j in range(num_blocks):
         x = self.block_cls(
             filters=self.width * 2**i,
             strides=2 if i > 0 and j == 0 else 1, dtype=self.dtype,
             zero_init_residual=self.zero_init_residual,
-            bn_splits=self.bn_splits, conv_init=self.conv_init,
+            bn_splits=self.bn_splits, fused_bn=self.fused_bn,
+            conv_init=self.conv_init,
             name=f'stage{i + 1}_block{j}')(x, train=train)
     # Features in float32 whatever the compute dtype: kNN, probes and the
     # loss's normalisation want full precision.
@@ -764,26 +748,28 @@ class SmallAlexNet(nn.Module):
   widths: Sequence[int] = (96, 192, 384, 384, 192)
   fc_dim: int = 4096
   dtype: Any = jnp.float32
-  bn_splits: int = 0              # > 0: SplitBatchNorm (config.model).
+  bn_splits: int = 0              # config.model.bn_splits, .fused_bn.
+  fused_bn: bool = True
 
   @nn.compact
   def __call__(self, x, *, train: bool):
     if len(self.widths) != 5:
       raise ValueError(f'widths must name 5 convs; got {self.widths}.')
     init = nn.initializers.normal(0.02)
-    norm = batch_norm(train=train, dtype=self.dtype, bn_splits=self.bn_splits)
+    norm = batch_norm(train=train, dtype=self.dtype, bn_splits=self.bn_splits,
+                      fused=self.fused_bn)
     x = x.astype(self.dtype)
     for i, width in enumerate(self.widths):
       x = nn.Conv(width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
                   dtype=self.dtype, kernel_init=init, name=f'conv{i + 1}')(x)
-      x = nn.relu(norm(name=f'bn{i + 1}')(x))
+      x = norm(name=f'bn{i + 1}')(x, relu=True)
       if i in (0, 1, 4):
-        x = nn.max_pool(x, (3, 3), strides=(2, 2), padding='VALID')
+        x = max_pool_3x3_s2(x, 0)
     x = x.reshape(x.shape[0], -1)
     for name in ('fc6', 'fc7'):
       x = nn.Dense(self.fc_dim, use_bias=False, dtype=self.dtype,
                    kernel_init=init, name=name)(x)
-      x = nn.relu(norm(name=f'bn_{name}')(x))
+      x = norm(name=f'bn_{name}')(x, relu=True)
     return x.astype(jnp.float32)
 
 

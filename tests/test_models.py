@@ -3,6 +3,7 @@ the projection head's final BatchNorm against numpy."""
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -413,14 +414,20 @@ def test_head_without_final_bn_is_the_default_and_the_predictor_never_has_it():
 
 
 def _branch_outputs(block, variables, x):
-  """The block's output and its residual branch's (the last BN's) output,
-  in training mode (batch statistics)."""
-  last = 'bn2' if isinstance(block, models.BasicBlock) else 'bn3'
+  """The block's output and its residual branch's (the last BN's, before
+  the add and ReLU it is fused with) output, in training mode: the last
+  conv's output normalised by its batch statistics in numpy."""
+  conv, bn = (('conv2', 'bn2') if isinstance(block, models.BasicBlock)
+              else ('conv3', 'bn3'))
   (out, state) = block.apply(
       variables, x, train=True, mutable=['batch_stats', 'intermediates'],
-      capture_intermediates=lambda mdl, _: mdl.name == last)
-  (branch,) = state['intermediates'][last]['__call__']
-  return np.asarray(out), np.asarray(branch)
+      capture_intermediates=lambda mdl, _: mdl.name == conv)
+  (c,) = state['intermediates'][conv]['__call__']
+  c = np.asarray(c, np.float64)
+  p = variables['params'][bn]
+  branch = ((c - c.mean((0, 1, 2))) / np.sqrt(c.var((0, 1, 2)) + 1e-5)
+            * np.asarray(p['scale']) + np.asarray(p['bias']))
+  return np.asarray(out), branch
 
 
 @pytest.mark.parametrize('block_cls,filters', [(models.BasicBlock, 8),
@@ -760,3 +767,30 @@ def test_input_norm_channels_must_be_the_images():
     _init(model, (2, 8, 8, 1))
   # 'none' reads any channel count.
   _init(models.create_model(_norm_config('none')), (2, 8, 8, 1))
+
+
+# --- The 3x3 / stride-2 max-pool with a mask-built gradient ---------------
+
+
+@pytest.mark.parametrize('padding,shape', [(1, (2, 8, 8, 3)),
+                                           (1, (2, 7, 9, 3)),
+                                           (0, (2, 15, 15, 2)),
+                                           (0, (2, 8, 11, 2))])
+def test_max_pool_3x3_s2_equals_nn_max_pool_and_its_gradient(padding, shape):
+  # Reference: nn.max_pool, differentiated by autodiff (XLA's
+  # select-and-scatter). Integers from 0 to 3 make ties in most windows:
+  # both send a window's gradient to its first maximum in row-major order.
+  rng = np.random.default_rng(padding)
+  x = jnp.asarray(rng.integers(0, 4, shape), jnp.float32)
+  pads = ((padding, padding), (padding, padding))
+  ref = lambda x: nn.max_pool(x, (3, 3), strides=(2, 2), padding=pads)
+  ours = lambda x: models.max_pool_3x3_s2(x, padding)
+  np.testing.assert_array_equal(ours(x), ref(x))
+  ct = jnp.asarray(rng.normal(size=ref(x).shape), jnp.float32)
+  got, want = (jax.grad(lambda x, f=f: jnp.vdot(f(x), ct))(x)
+               for f in (ours, ref))
+  # Each input's gradient sums the windows it is the first maximum of, in
+  # another order where several windows pick it.
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  # Every window's gradient lands once: the sums agree.
+  np.testing.assert_allclose(got.sum(), ct.sum(), rtol=1e-5)

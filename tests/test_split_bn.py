@@ -1,11 +1,10 @@
-"""BatchNorm over groups of the batch (config.model.bn_splits), shuffle-BN
-over those groups, and MoCo's enqueue_keys='all'.
+"""Shuffle-BN over the groups of the batch (config.model.bn_splits) and
+MoCo's enqueue_keys='all'. The grouped BatchNorm itself: test_batch_norm.py.
 
-References are float64 numpy (per-group normalisation, the running-statistics
-update, the queue's rows) or ordinary BatchNorm run on each group alone.
+References are float64 numpy (the queue's rows) or ordinary BatchNorm run on
+each group alone.
 """
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -20,76 +19,7 @@ from contrastive_jax import runtime
 from contrastive_jax.methods import base
 from contrastive_jax.methods import moco
 
-EPS = 1e-5
 S = 4                          # Groups.
-X_SHAPE = (16, 3, 3, 5)        # [N, H, W, C]: 4 images a group.
-
-
-def _bn_inputs():
-  rng = np.random.default_rng(0)
-  # Groups with different means and scales, so per-group statistics differ
-  # from the whole batch's.
-  x = rng.normal(size=X_SHAPE) * np.repeat(rng.uniform(0.5, 3., S), 4)[
-      :, None, None, None] + np.repeat(rng.normal(0., 2., S), 4)[
-          :, None, None, None]
-  c = X_SHAPE[-1]
-  variables = {
-      'params': {'scale': rng.uniform(0.5, 2., c), 'bias': rng.normal(size=c)},
-      'batch_stats': {'mean': rng.normal(size=c),
-                      'var': rng.uniform(0.5, 2., c)}}
-  to32 = lambda t: jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), t)
-  return x, to32(variables), variables
-
-
-def _numpy_split_bn(x, params, splits):
-  groups = x.reshape((splits, -1) + x.shape[1:])
-  mean = groups.mean(axis=(1, 2, 3), keepdims=True)
-  var = ((groups - mean) ** 2).mean(axis=(1, 2, 3), keepdims=True)
-  y = (groups - mean) / np.sqrt(var + EPS) * params['scale'] + params['bias']
-  return (y.reshape(x.shape), mean.reshape(splits, -1),
-          var.reshape(splits, -1))
-
-
-def test_training_normalises_each_group_with_its_own_statistics():
-  x, variables, ref = _bn_inputs()
-  y, new = models.SplitBatchNorm(splits=S).apply(
-      variables, jnp.asarray(x, jnp.float32), mutable=['batch_stats'])
-  want, means, vars_ = _numpy_split_bn(x, ref['params'], S)
-  np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
-  # Not ordinary BN: the whole batch's statistics give other outputs.
-  whole, _ = nn.BatchNorm(use_running_average=False, epsilon=EPS).apply(
-      variables, jnp.asarray(x, jnp.float32), mutable=['batch_stats'])
-  assert np.abs(np.asarray(whole) - want).max() > 0.1
-  # Running statistics: keep 0.9, move 0.1 towards the mean over the groups
-  # of their means and (biased) variances.
-  stats = ref['batch_stats']
-  np.testing.assert_allclose(new['batch_stats']['mean'],
-                             0.9 * stats['mean'] + 0.1 * means.mean(0),
-                             rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(new['batch_stats']['var'],
-                             0.9 * stats['var'] + 0.1 * vars_.mean(0),
-                             rtol=1e-5, atol=1e-6)
-
-
-def test_eval_mode_is_ordinary_batch_norm_with_the_running_statistics():
-  x, variables, ref = _bn_inputs()
-  x32 = jnp.asarray(x, jnp.float32)
-  y = models.SplitBatchNorm(splits=S, use_running_average=True).apply(
-      variables, x32)
-  stats, p = ref['batch_stats'], ref['params']
-  want = (x - stats['mean']) / np.sqrt(stats['var'] + EPS) * p['scale'] + (
-      p['bias'])
-  np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
-  flax_bn = nn.BatchNorm(use_running_average=True, epsilon=EPS).apply(
-      variables, x32)
-  np.testing.assert_allclose(y, flax_bn, rtol=1e-5, atol=1e-5)
-
-
-def test_a_batch_that_does_not_split_is_refused():
-  x, variables, _ = _bn_inputs()
-  with pytest.raises(ValueError, match='multiple of config.model.bn_splits'):
-    models.SplitBatchNorm(splits=3).apply(variables, jnp.asarray(x[:10]),
-                                          mutable=['batch_stats'])
 
 
 def _config(bn_splits=0, **moco_fields):

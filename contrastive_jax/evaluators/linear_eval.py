@@ -447,7 +447,7 @@ def _frozen_features(model, variables, images, normalize: bool = False,
   `encoder_bn` 'running': eval mode, BatchNorm on its running statistics.
   'batch': train mode, BatchNorm on the mean and biased variance of this
   batch (under jit, of the global batch however it is sharded; groups of
-  it where the encoder has SplitBatchNorm); the updated statistics it
+  it where config.model.bn_splits > 0); the updated statistics it
   returns are discarded. 'batch_update': the same, the updated statistics
   kept. `updates` is the collections to replace in `variables` for the
   next step: {'batch_stats': ...} (the running averages moved by this
