@@ -540,8 +540,8 @@ def jax_worker(args) -> int:
     state = setup.init_fn(jax.random.key(0))
     data = NamedSharding(mesh, P('data'))
     b = spec['batch']
-    batch = {'views': (jax.device_put(np.random.default_rng(0).random(
-        (b, 2) + shape, np.float32), data),),
+    batch = {'views': jax.device_put(np.random.default_rng(0).random(
+        (b, 2) + shape, np.float32), data),
              'label': jax.device_put(np.zeros(b, np.int32), data),
              'index': jax.device_put(np.arange(b, dtype=np.int32), data)}
     rng = jax.random.key(1)

@@ -31,7 +31,7 @@ One run prints five tables:
    jitter strength 1 at p 0.8, grayscale 0.2, blur 0.5), on the larger set:
    * ours: `TrainBatches(ImageFolder(...)).iterate()` (host decode, with the
      JPEG draft reduction, + fit to the 224 centre square; grain prefetch)
-     then `augment.augment_groups` jitted on the 8-virtual-device mesh,
+     then `augment.augment_batch` jitted on the 8-virtual-device mesh,
      random resized crop included: the config (configs/base.py's, completed
      by `config_lib.with_defaults`), the fit, the views and `augment_fn` are
      made exactly as contrastive_jax/train.py makes them;
@@ -40,7 +40,7 @@ One run prints five tables:
      fit=sources.training_fit(config.dataset, views, seed))` cuts each
      view's random resized crop on the host from the image decoded at full
      resolution (`sources.RandomCrops`, batches [B, V, 224, 224, 3]) and
-     `augment_groups(..., host_cropped=True)` skips only the crop;
+     `augment_batch(..., host_cropped=True)` skips only the crop;
    * peer: `benchmarks/torch_dataloader_peer.py` under --torch_python, a
      torch `DataLoader(num_workers=2, pin_memory=False)` whose Dataset opens
      each JPEG with PIL and makes the same two views with PIL
@@ -544,7 +544,7 @@ def _train_step_views_per_s(iters: int) -> float:
   b, v = config.batch_size, config.augment.num_views
   rng = np.random.default_rng(0)
   batch = jax.device_put(
-      {'views': (rng.random((b, v, 28, 28, 1), np.float32),),
+      {'views': rng.random((b, v, 28, 28, 1), np.float32),
        'label': rng.integers(0, 10, b).astype(np.int32),
        'index': np.arange(b, dtype=np.int32)}, NamedSharding(mesh, P('data')))
   step_rng = jax.random.key(1)
@@ -601,7 +601,7 @@ def throughput_table(args, root, *, batch, rounds, timed, preset, num_views,
           [f'ours ({cs})' for cs in variants] + ['peer']),
       '   ours (center_square, the default): ImageFolder decode (JPEG draft) '
       f'+ fit to the {args.image_size} square (PIL, thread pool) + grain '
-      'prefetch -> augment.augment_groups jitted on the '
+      'prefetch -> augment.augment_batch jitted on the '
       f'{ours.jax.device_count()}-device CPU mesh, random resized crop '
       'included, as contrastive_jax/train.py builds augment_fn (compiled '
       f'once, {ours.compile_s:.0f} s, not timed); batches '

@@ -80,8 +80,8 @@ def step_memory(method: str, per_device: int, dtype: str) -> dict[str, float]:
   views = augment.build_views(config.augment.preset, config.augment.num_views,
                               config.augment.overrides)
   b, v = config.batch_size, len(views)
-  batch = {'views': (jax.ShapeDtypeStruct((b, v, 224, 224, 3), jnp.float32,
-                                          sharding=rows),),
+  batch = {'views': jax.ShapeDtypeStruct((b, v, 224, 224, 3), jnp.float32,
+                                          sharding=rows),
            'label': jax.ShapeDtypeStruct((b,), jnp.int32, sharding=rows),
            'index': jax.ShapeDtypeStruct((b,), jnp.int32, sharding=rows)}
   t0 = time.time()

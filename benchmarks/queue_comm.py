@@ -162,8 +162,8 @@ def _compile_and_time(config, *, num_examples: int, steps: int):
   rng = np.random.default_rng(0)
   b, v = config.batch_size, config.augment.num_views
   data = NamedSharding(mesh, P('data'))
-  batch = {'views': (jax.device_put(
-      rng.random((b, v, 28, 28, 1), np.float32), data),),
+  batch = {'views': jax.device_put(
+      rng.random((b, v, 28, 28, 1), np.float32), data),
            'label': jax.device_put(np.zeros(b, np.int32), data),
            'index': jax.device_put(rng.permutation(num_examples)[:b].astype(
                np.int32), data)}

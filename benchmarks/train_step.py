@@ -240,9 +240,9 @@ def run_step(model: str, devices: int, batch: int, steps: int,
   state = init_fn(jax.random.key(0))
   data_sharding = NamedSharding(mesh, P('data'))
   views = {
-      'views': (jax.device_put(np.random.default_rng(0).random(
+      'views': jax.device_put(np.random.default_rng(0).random(
           (batch, config.augment.num_views) + shape, np.float32),
-                               data_sharding),),
+                               data_sharding),
       'label': jax.device_put(np.zeros(batch, np.int32), data_sharding),
       'index': jax.device_put(np.arange(batch, dtype=np.int32),
                               data_sharding)}
@@ -290,7 +290,7 @@ def run_profile(steps: int) -> dict:
       (b, v, 28, 28, 1), np.float32))
   flat = views.reshape((b * v, 28, 28, 1))
   state = init_fn(jax.random.key(0))
-  batch = {'views': (views,), 'label': jnp.zeros(b, jnp.int32),
+  batch = {'views': views, 'label': jnp.zeros(b, jnp.int32),
            'index': jnp.arange(b, dtype=jnp.int32)}
 
   def fwd(params, x):

@@ -8,7 +8,7 @@ Paper values and what differs: docs/configs.md, "byol.py".
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \
     python main.py --config=configs/byol.py --workdir=workdir/byol
 
-Expected: not measured (the study does not run it; tests/test_byol.py checks
+Expected: not measured (the current study does not run it; tests/test_byol.py checks
 that a short run's loss falls).
 """
 

@@ -1,7 +1,7 @@
 """The default job: SimCLR's NT-Xent on Fashion-MNIST with a small CNN, on CPU.
 
 configs/base.py plus the recipe study v2 chose on a validation split
-(benchmarks/study_v2/PROTOCOL.md, Amendments 1-2, Sec. 5): the encoder's
+(studies/v2/PROTOCOL.md, Amendments 1-2, Sec. 5): the encoder's
 pooled 256-d output is the representation (as the papers score their pooled
 ResNet) and the head's input, peak lr 6e-2 instead of 1e-3, tau 0.2, and
 1170 steps of batch 256 (5 epochs of the 60,000 images; the study's 6 of its

@@ -8,7 +8,7 @@ Paper values and what differs: docs/configs.md, "moco_v3.py".
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \
     python main.py --config=configs/moco_v3.py --workdir=workdir/moco_v3
 
-Expected: not measured (the study does not run it).
+Expected: not measured (the current study does not run it).
 """
 
 import ml_collections

@@ -1,25 +1,13 @@
-"""The encoders' BatchNorm: float32 statistics, optionally over groups of the
-batch, with the residual add and the ReLU that follow it fused in.
+"""The encoders' BatchNorm: float32 statistics, optionally per group of the
+batch, with the residual add and ReLU after it fused in.
 
-Every BatchNorm of an encoder is followed by a ReLU, by the residual add and a
-ReLU (the end of a ResNet block), or by nothing (the last BN of a residual
-branch's shortcut). `BatchNorm(...)(x, residual=r, relu=True)` computes
-
+`BatchNorm(...)(x, residual=r, relu=True)` computes
     y = relu(scale * (x - mean) / sqrt(var + eps) + bias + r)
-
-with the mean and (biased) variance of x over the batch and spatial axes
-(or over each of `splits` groups of the batch). With `fused=True` the
-backward is the textbook one, written out (`fused_batch_norm`), instead of
-what autodiff derives from the forward's ops: two passes over x and the
-upstream gradient, one for the sums and one for the input gradient, the
-ReLU's mask and the residual's gradient taken in the same passes. Autodiff
-differentiates through the mean, the mean of squares and the variance
-separately, which costs more passes over these memory-bound tensors. Both
-give the same values to float32 rounding (tests/test_batch_norm.py).
-
-Parameters (`scale`, `bias`) and statistics (`mean`, `var`) have
-nn.BatchNorm's names, shapes and float32 dtype, so checkpoints do not depend
-on the switch (`config.model.fused_bn`).
+with the biased batch statistics of x. With `fused=True` the backward is the
+textbook one written out (`fused_batch_norm`, two passes over the
+memory-bound tensors), else what autodiff derives; both agree to float32
+rounding. Parameters and statistics have nn.BatchNorm's names and dtypes, so
+checkpoints do not depend on `config.model.fused_bn`.
 """
 
 from __future__ import annotations
@@ -32,16 +20,13 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 
-# Every BatchNorm's running-statistics momentum, Flax's convention (the
-# statistics keep 0.9 of their value): PyTorch's momentum=0.1 (its default)
-# and TF's decay / Keras momentum 0.9 (SimCLR's and SupCon's TF codes).
-# configs/papers/recipes.yaml pins it (rows `encoder.bn_momentum`).
+# Running statistics keep 0.9 of their value: PyTorch's momentum=0.1, TF's
+# decay 0.9 (configs/papers/recipes.yaml rows `encoder.bn_momentum`).
 BN_MOMENTUM = 0.9
 
 
 def _grouped(x, groups: int):
-  """[N, ..., C] -> ([G, N / G, ..., C], its reduction axes); x itself
-  and all but its last axis for one group."""
+  """[N, ..., C] -> ([G, N / G, ..., C], its reduction axes)."""
   if groups == 1:
     return x, tuple(range(x.ndim - 1))
   xg = x.reshape((groups, x.shape[0] // groups) + x.shape[1:])
@@ -49,8 +34,7 @@ def _grouped(x, groups: int):
 
 
 def _statistics(x32, axes):
-  """Mean and biased variance over `axes` (kept), one pass: E[x^2] - E[x]^2
-  in float32, clipped at 0 (nn.BatchNorm's `use_fast_variance`)."""
+  """Mean and biased variance over `axes`: E[x^2] - E[x]^2, clipped at 0."""
   mean = jnp.mean(x32, axes, keepdims=True)
   mean2 = jnp.mean(lax.square(x32), axes, keepdims=True)
   return mean, jnp.maximum(0., mean2 - lax.square(mean))
@@ -61,27 +45,11 @@ def fused_batch_norm(x, scale, bias, residual, groups: int, relu: bool,
                      epsilon: float):
   """Training-mode BatchNorm [+ residual] [+ ReLU] with its textbook backward.
 
-  Args:
-    x: [N, ..., C], any float dtype; the output has its dtype.
-    scale, bias: [C] float32.
-    residual: None, or an array of x's shape added before the ReLU.
-    groups: G, a divisor of N: each of the G contiguous groups of N / G
-      examples is normalised with its own statistics.
-    relu: apply max(., 0) last.
-    epsilon: added to the variance.
-
-  Returns:
-    (y [N, ..., C] in x.dtype, mean [G, C], var [G, C]), the statistics
-    float32. With M the number of values each statistic reduces,
-    xhat = (x - mean) rsqrt(var + eps), t = scale xhat + bias + residual and
-    g the gradient reaching t (the ReLU's mask applied), the backward is
-
-        dbias = sum g,   dscale = sum g xhat,   dresidual = g,
-        dx = scale rsqrt(var + eps) (g - dbias / M - xhat dscale / M)
-
-    (sums per group and channel; dscale, dbias summed over the groups), plus
-    the statistics' own cotangents where they are not zero: dmean / M and
-    2 dvar (x - mean) / M.
+  x: [N, ..., C]; scale, bias: [C] float32; residual: None or x's shape;
+  each of `groups` contiguous groups of N / G examples has its own
+  statistics. Returns (y in x.dtype, mean [G, C], var [G, C]). With xhat the
+  normalised x and g the gradient past the ReLU: dbias = sum g, dscale =
+  sum g xhat, dx = scale rsqrt(var + eps) (g - dbias / M - xhat dscale / M).
   """
   return _forward(x, scale, bias, residual, groups, relu, epsilon)[0]
 
@@ -146,20 +114,9 @@ fused_batch_norm.defvjp(_fused_fwd, _fused_bwd, symbolic_zeros=True)
 class BatchNorm(nn.BatchNorm):
   """nn.BatchNorm [+ residual add] [+ ReLU], over the batch or groups of it.
 
-  In training each of `splits` contiguous groups of the batch [N, ..., C]
-  (N / splits examples) is normalised with its own mean and biased variance
-  over its examples and spatial positions; splits = 1 is ordinary BatchNorm
-  (under jit, statistics of the global batch however it is sharded), and
-  more emulate BatchNorm on `splits` devices that each hold one group
-  (MoCo's per-GPU BN, lightly's SplitBatchNorm). The running statistics move
-  towards the mean over the groups of their means and variances, keeping
-  `momentum` of their value; the running variance follows the biased
-  variance (nn.BatchNorm's rule; PyTorch's is unbiased). In eval mode the
-  running statistics normalise (nn.BatchNorm's own code).
-
-  `fused` selects the training backward: the textbook one
-  (`fused_batch_norm`), or autodiff of the forward's ops followed by the add
-  and nn.relu as separate ops (with splits = 1, nn.BatchNorm's own code).
+  In training each of `splits` contiguous groups of the batch has its own
+  statistics (MoCo's per-GPU BN); the running statistics move towards the
+  groups' mean. `fused` selects the textbook backward.
   """
   use_running_average: bool = False
   momentum: float = BN_MOMENTUM
@@ -168,8 +125,6 @@ class BatchNorm(nn.BatchNorm):
 
   @nn.compact
   def __call__(self, x, residual=None, relu: bool = False):  # pylint: disable=arguments-renamed
-    """x [N, ..., C] -> [N, ..., C] in `dtype` (default: x's, at least
-    float32); residual: None or an array of x's shape."""
     n, s = x.shape[0], self.splits
     if self.use_running_average or (s == 1 and not self.fused):
       return self._finish(super().__call__(x), residual, relu)
@@ -213,10 +168,7 @@ def batch_norm(*, train: bool, dtype, bn_splits: int = 0,
                fused: bool = True, **kwargs):
   """The encoders' BatchNorm constructor (call it with `name=`).
 
-  `bn_splits` 0: statistics over the whole batch it sees (under jit over the
-  global batch); > 0: over that many groups. `fused`: the textbook backward
-  (config.model.fused_bn). Momentum `BN_MOMENTUM` 0.9 (PyTorch's 0.1),
-  epsilon 1e-5.
+  `bn_splits` 0: statistics over the whole batch; > 0: over that many groups.
   """
   return functools.partial(BatchNorm, use_running_average=not train,
                            momentum=BN_MOMENTUM, epsilon=1e-5, dtype=dtype,

@@ -1,24 +1,11 @@
 """Checkpoints with Orbax: the only module that imports orbax.
 
-Saving is asynchronous (training continues while the previous state is written)
-and the last `max_to_keep` checkpoints are kept. Orbax writes each step to a
-temporary directory and renames it when complete (on `gs://`, where nothing
-renames, into the step's directory, completed by a last `commit_success.txt`
-object), so a run killed mid-save leaves at most an unfinished directory that
-is never listed; a finished but
-unreadable checkpoint is skipped with a warning in favour of the one before.
-A run never loses its progress silently: `save` refuses a state with a
-non-finite value and raises when Orbax declines to write a step, and
-`restore_latest` raises when checkpoints exist but none fits the state
-(a new run in that workdir would stop writing checkpoints until it passed
-the newest step on disk).
-
-Replicated arrays are written by one replica each, except large ones:
-orbax's replica-parallel saving cuts every replicated array into one slice
-per replica, each cut a small jitted `slice` compiled per array shape and
-device, which costs more than it saves for small arrays. Slicing is kept for
-slices of at least `REPLICA_PARALLEL_MIN_BYTES`, where several hosts sharing
-the write of a large array pays off (docs/performance.md has the figures).
+Saving is asynchronous and keeps the last `max_to_keep` steps; a step is
+listed only once complete, and an unreadable one is skipped with a warning.
+`save` refuses a non-finite state and raises when Orbax declines a step;
+`restore_latest` raises when checkpoints exist but none fits the state.
+Replica-parallel saving is kept for slices of at least
+`REPLICA_PARALLEL_MIN_BYTES` only (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -43,8 +30,6 @@ REPLICA_PARALLEL_MIN_BYTES = 1 << 20
 
 
 def _handler() -> ocp.PyTreeCheckpointHandler:
-  """Orbax's standard handler, with replica-parallel saving for large arrays
-  only (module docstring)."""
   array = ocp.type_handlers.ArrayHandler(
       min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_BYTES)
   registry = ocp.type_handlers.create_type_handler_registry(
@@ -81,11 +66,8 @@ def nonfinite_leaves(tree) -> list[str]:
 def save(manager: ocp.CheckpointManager, step: int, state) -> None:
   """Starts writing `state` as checkpoint `step` (asynchronously).
 
-  Raises:
-    FloatingPointError: `state` holds a NaN or inf (nothing is written, so
-      every checkpoint on disk can be resumed from).
-    RuntimeError: Orbax declined to write `step` (a checkpoint at this or
-      a later step is already on disk).
+  Raises FloatingPointError for a NaN or inf in `state` (nothing is
+  written), RuntimeError when Orbax declines `step`.
   """
   if bad := nonfinite_leaves(state):
     raise FloatingPointError(
@@ -100,17 +82,15 @@ def save(manager: ocp.CheckpointManager, step: int, state) -> None:
 
 
 def _names(path) -> tuple:
-  """A tree path as plain names: a saved TrainState's fields come back from
-  the checkpoint's metadata as dict keys."""
+  """A tree path as plain names (metadata holds a TrainState's as keys)."""
   return tuple(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))
                for k in path)
 
 
 def _shape_mismatches(manager: ocp.CheckpointManager, step: int,
                       target) -> list[str]:
-  """The leaves of `target` whose shape differs from checkpoint `step`'s,
-  read from its metadata (a restore that fails part-way leaves Orbax's
-  pending reads behind, and its error does not name the leaf)."""
+  """The leaves of `target` whose shape differs from checkpoint `step`'s
+  metadata (a failed restore would not name them)."""
   try:
     stored = {_names(path): getattr(leaf, 'shape', None) for path, leaf in
               jax.tree.leaves_with_path(manager.item_metadata(step))}
@@ -127,9 +107,8 @@ def _shape_mismatches(manager: ocp.CheckpointManager, step: int,
 
 def _restore_first_readable(manager: ocp.CheckpointManager, steps, args,
                             target=None):
-  """Restores the first of `steps` that reads: (tree, step, errors), tree
-  and step None when none does; each unreadable one is warned about. With
-  `target`, a checkpoint whose shapes differ from it is not read."""
+  """(tree, step, errors) of the first of `steps` that reads (and, with
+  `target`, has its shapes); tree and step None when none does."""
   errors = []
   for step in steps:
     if target is not None and (bad := _shape_mismatches(manager, step,
@@ -139,8 +118,7 @@ def _restore_first_readable(manager: ocp.CheckpointManager, steps, args,
       try:
         return manager.restore(step, args=args), step, errors
       except Exception as e:  # pylint: disable=broad-except
-        # The first sentence: Orbax's advice after it (padding and
-        # truncation) would silently change the state.
+        # The first sentence: Orbax's advice after it would change the state.
         error = f'step {step}: {type(e).__name__}: {str(e).split(". ")[0]}'
     logging.warning('Checkpoint %s; trying the previous one.', error)
     errors.append(error[:400])
@@ -148,23 +126,10 @@ def _restore_first_readable(manager: ocp.CheckpointManager, steps, args,
 
 
 def restore_latest(manager: ocp.CheckpointManager, target):
-  """Restores the newest readable checkpoint into the structure of `target`.
-
-  Args:
-    manager: the run's checkpoint manager.
-    target: a state (or `jax.eval_shape` of one) whose leaves carry the
-      shardings to restore onto.
-
-  Returns:
-    (state, step): the restored state and its step, or (target, None) when
-    there is no checkpoint.
-
-  Raises:
-    ValueError: there are checkpoints and none restores into `target`.
-      The config is checked against the workdir's before this
-      (workdir.check_config), so the usual cause is a state whose shapes
-      depend on the device count: a memory bank's rows are padded to a
-      multiple of it (memory_bank.bank_rows).
+  """(state, step) of the newest readable checkpoint in `target`'s structure
+  and shardings; (target, None) when there is none. ValueError when there
+  are checkpoints and none restores (e.g. a memory bank padded to another
+  device count).
   """
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
   state, step, errors = _restore_first_readable(
@@ -187,10 +152,7 @@ def restore_latest(manager: ocp.CheckpointManager, target):
 
 @contextlib.contextmanager
 def _without_read_only_notices():
-  """Leaves out the notices orbax logs for every read-only checkpoint
-  manager (the options it resets, 'Given directory is read only'): they ask
-  nothing of whoever loads an encoder. Every other record, the restore's own
-  warnings included, goes through."""
+  """Leaves out orbax's notices about read-only managers (nothing to do)."""
   def keep(record) -> bool:
     return not any(m in record.getMessage() for m in runtime.HARMLESS_WARNINGS)
   logger = logging.get_absl_logger()      # orbax logs through absl.
@@ -203,21 +165,9 @@ def _without_read_only_notices():
 
 def restore_variables(workdir: str, model, image_shape: Sequence[int], mesh,
                       step: int | None = None) -> tuple[dict[str, Any], int]:
-  """Restores params and batch_stats of the newest readable checkpoint.
-
-  Args:
-    workdir: the run directory (checkpoints in `<workdir>/checkpoints`).
-    model: the run's ContrastiveModel (defines the expected shapes).
-    image_shape: (H, W, C) of the training images.
-    mesh: the mesh to place the (replicated) variables on.
-    step: a specific step; None takes the newest one that reads.
-
-  Returns:
-    (variables, step): variables {'params', 'batch_stats'}, as model.apply
-    takes them.
-
-  Raises:
-    FileNotFoundError: no (readable) checkpoint.
+  """({'params', 'batch_stats'}, step) of checkpoint `step` (None: the newest
+  readable one), replicated on `mesh`, as `model.apply` takes them on
+  (H, W, C) `image_shape` images. FileNotFoundError when none reads.
   """
   directory = os.path.join(storage.location(workdir), 'checkpoints')
   if not storage.path(directory).is_dir():
@@ -239,8 +189,7 @@ def restore_variables(workdir: str, model, image_shape: Sequence[int], mesh,
       directory, options=options) as manager:
     steps = [step] if step is not None else sorted(manager.all_steps(),
                                                    reverse=True)
-    # partial_restore: every other field of the saved TrainState (opt state,
-    # key encoder, queue, bank, ...) is left on disk.
+    # partial_restore: the rest of the saved TrainState stays on disk.
     out, restored, errors = _restore_first_readable(
         manager, steps, ocp.args.PyTreeRestore(
             item=target, restore_args=restore_args, partial_restore=True))

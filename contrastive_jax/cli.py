@@ -1,21 +1,16 @@
-"""The command-line entry points: training, evaluating a checkpoint, the study.
+"""The command-line entry points: training and evaluating a checkpoint.
 
 Installed (`pip install -e .`) they are console scripts; from a checkout,
 `python main.py` is the training one and `python -m contrastive_jax.cli
-<train|eval|study> ...` runs any of them:
+<train|eval> ...` runs either:
 
   contrastive-jax-train --config=configs/default.py --workdir=workdir/default
   contrastive-jax-eval --workdir=workdir/default [--linear_eval=cifar]
-  contrastive-jax-study [--plan | --report | --quick]
 
-Each sets up the process the same way before jax starts (XLA:CPU's thread
-pools for virtual devices, `runtime.size_cpu_thread_pools`; several hosts,
-`runtime.initialize_distributed`) and keeps library logs to warnings
-(`--verbosity=1` shows everything). `--help` says what a command does, its
-flags and the main config fields, and exits 0. A user's mistake (a misspelt
-field, a missing file, a config its data cannot run) ends in its message
-alone, every problem found listed together, exit status 2; `--verbosity=1`
-adds the traceback.
+Both set up the process before jax starts (`runtime`: CPU thread pools,
+several hosts) and keep library logs to warnings. `--help` prints the flags
+and main config fields; a user's mistake ends in its message alone, every
+problem listed, exit status 2 (`--verbosity=1` adds the traceback).
 """
 
 from __future__ import annotations
@@ -52,9 +47,7 @@ DOCS = ('README.md (running, results, your own images); docs/configs.md '
         '(every field); configs/base.py (the defaults, commented); '
         'docs/evaluation.md; docs/input_pipeline.md; docs/storage.md')
 
-# The exit status of a user error (a bad flag, value or file), as absl's
-# usage errors.
-USER_ERROR = 2
+USER_ERROR = 2     # A bad flag, value or file: absl's usage-error status.
 
 
 def _fail(message: str) -> None:
@@ -65,8 +58,7 @@ def _fail(message: str) -> None:
 
 def _print_help(summary: str, usage: str, flag_names, *, fields: bool
                 ) -> None:
-  """Prints what a command does, its flags and (`fields`) the main config
-  fields with configs/base.py's defaults, then exits 0."""
+  """Prints the command's flags (and main config fields), then exits 0."""
   lines = [f'usage: {usage}', '', summary, '', 'Flags:']
   for name in flag_names:
     flag = FLAGS[name]
@@ -91,8 +83,7 @@ def _print_help(summary: str, usage: str, flag_names, *, fields: bool
 
 
 def _config_file_problem(argv) -> str | None:
-  """The problem with --config's file, if it is missing (absl would defer
-  the error to the first use of the config, as a traceback)."""
+  """--config's missing file, which absl reports late, as a traceback."""
   for i, arg in enumerate(argv):
     value = None
     if arg.startswith('--config='):
@@ -109,8 +100,7 @@ def _config_file_problem(argv) -> str | None:
 
 
 def _parser(summary: str, usage: str, flag_names, *, fields: bool):
-  """The flag parser `app.run` takes: absl's, with `--help` and one-line
-  errors."""
+  """absl's flag parser with `--help` and one-line errors."""
 
   def parse(argv):
     if any(a in ('-h', '--help', '-?', '--helpshort') for a in argv[1:]):
@@ -133,8 +123,7 @@ def _parser(summary: str, usage: str, flag_names, *, fields: bool):
 def _parse_error_message(e: Exception, argv) -> str:
   """What failed in parsing `argv`, in one line."""
   if isinstance(e, flags.Error):
-    # A config file that fails to build embeds its traceback, whose last
-    # line is the error.
+    # A config file that fails embeds its traceback; its last line is the error.
     lines = [l.strip() for l in str(e).splitlines() if l.strip()]
     message = lines[0] if len(lines) == 1 else f'{lines[0]} {lines[-1]}'
     return f'{message} (`--help` lists the flags).'
@@ -155,9 +144,7 @@ def _parse_error_message(e: Exception, argv) -> str:
 
 
 def _user_errors(*more):
-  """The errors that end a command with their message alone (the user's
-  mistake, not the program's), and `more`; a traceback with --verbosity >=
-  1."""
+  """The user's errors (and `more`): their message alone, no traceback."""
   from contrastive_jax import errors  # pylint: disable=g-import-not-at-top
   from contrastive_jax import storage  # pylint: disable=g-import-not-at-top
   from input_pipeline import datasets  # pylint: disable=g-import-not-at-top
@@ -166,8 +153,7 @@ def _user_errors(*more):
 
 
 def _run_reporting_user_errors(fn, *, interrupted: str, more=()):
-  """fn(), with a user error (`_user_errors(*more)`) or a Ctrl-C that
-  training did not handle ending in one line."""
+  """fn(); a user error or an unhandled Ctrl-C ends in one line."""
   try:
     return fn()
   except _user_errors(*more) as e:
@@ -176,8 +162,7 @@ def _run_reporting_user_errors(fn, *, interrupted: str, more=()):
     text = str(e)
     _fail(text if ' problems:\n' in text else ' '.join(text.split()))
   except KeyboardInterrupt:
-    # Outside training's own handling (loading, compiling, evaluating), or
-    # a second Ctrl-C: no traceback, 128 + SIGINT.
+    # Outside training's own handling, or a second Ctrl-C: 128 + SIGINT.
     print(f'interrupted (Ctrl-C). {interrupted}', file=sys.stderr)
     sys.exit(130)
 
@@ -188,10 +173,8 @@ def _start(progress_mode: str) -> None:
     # TensorFlow's C++ start-up lines: TF only reads data here.
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
     os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
-    # Decoding worker processes pass batches in shared memory; the segments
-    # of the last batches, still referenced when the process exits, are
-    # unlinked by multiprocessing's resource tracker (a process started
-    # later, with this environment), which calls each one "leaked".
+    # The resource tracker unlinks the decoding workers' last shared-memory
+    # batches at exit, calling each one "leaked".
     os.environ.setdefault('PYTHONWARNINGS',
                           'ignore:resource_tracker:UserWarning')
   # Imported here so that --help and flag errors return before jax loads.
@@ -312,22 +295,7 @@ def evaluate(argv=None) -> None:
        'progress'), fields=False))
 
 
-def study(argv=None) -> int:
-  """The study of the methods' claims (benchmarks/reproduce.py), from a
-  checkout: its runs, results and report live in the repository."""
-  if os.path.exists(os.path.join('benchmarks', 'reproduce.py')):
-    sys.path.insert(0, os.getcwd())     # The checkout it runs from.
-  try:
-    from benchmarks import reproduce  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise SystemExit(
-        'contrastive-jax-study runs from a checkout of the repository (its '
-        'results and report live there): cd into it, or run `python -m '
-        f'benchmarks.reproduce` there ({e}).') from e
-  return reproduce.main(argv)
-
-
-_COMMANDS = {'train': train, 'eval': evaluate, 'study': study}
+_COMMANDS = {'train': train, 'eval': evaluate}
 
 
 if __name__ == '__main__':

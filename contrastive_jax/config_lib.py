@@ -1,11 +1,8 @@
-"""The one place a config meets the defaults of `configs/base.py`, and its
-checks.
+"""A config over the defaults of `configs/base.py`, and its checks.
 
-Every config in configs/ builds on `configs/base.py`; a run's saved
-`config.json` may predate options added since. `with_defaults` completes any
-config from base's values (and each `config.evals` entry from its evaluator
-type's), so no module needs a fallback for a missing key, and rejects keys
-base does not know (a typo would otherwise be ignored).
+`with_defaults` completes any config (a saved config.json included) from
+base's values and each `config.evals` entry from its type's, and rejects keys
+base does not know.
 """
 
 from __future__ import annotations
@@ -29,13 +26,12 @@ from contrastive_jax import storage
 from input_pipeline import augment
 from input_pipeline import sources
 
-# Sub-dicts whose keys are the config's own (names, or a function's keyword
-# arguments), not base's.
+# Sub-dicts whose keys are the config's own, not base's.
 _FREE = ('loss_kwargs', 'loss_schedules', 'evals', 'encoder_kwargs')
 
 
 def _tuples(x):
-  # JSON has no tuples; modules take them (e.g. widths, ks).
+  # JSON lists -> tuples, as modules take them.
   if isinstance(x, dict):
     return {k: _tuples(v) for k, v in x.items()}
   if isinstance(x, list):
@@ -43,11 +39,10 @@ def _tuples(x):
   return x
 
 
-# Options renamed since a run may have saved its config.json.
+# Renamed options an older config.json may hold -> their names.
 RENAMED = {
-    'eval.knn_ks': 'evals.knn.ks',
-    'eval.knn_temperature': 'evals.knn.temperature',
-    'eval.linear_l2': 'evals.linear.l2',
+    'eval.knn_ks': 'evals.knn.ks', 'eval.knn_temperature':
+    'evals.knn.temperature', 'eval.linear_l2': 'evals.linear.l2',
     'eval.linear_max_iter': 'evals.linear.max_iter',
     'eval.linear_eval': 'evals.linear_eval.preset',
     'eval.linear_eval_epochs': 'evals.linear_eval.epochs',
@@ -56,15 +51,22 @@ RENAMED = {
     'online.knn_k': 'evals.online_knn.ks',
     'online.knn_bank_size': 'evals.online_knn.bank_size',
     'online.knn_num_queries': 'evals.online_knn.num_queries',
-    'online.linear_probe': 'online.classifier',
-    'online.probe_learning_rate': 'online.classifier_learning_rate',
-}
+    'online.linear_probe': 'online.classifier'}
+# Removed options an older config.json may hold -> the one value the code
+# keeps; a config.json that set another cannot be reproduced.
+REMOVED = {'dataset.imbalance_levels': 0, 'online.classifier_learning_rate': 1e-3,
+           'online.probe_learning_rate': 1e-3}
 
 
 def _merge(defaults: dict, values: dict, path: str = '') -> dict:
   out = dict(defaults)
   for key, value in values.items():
     name = path + key
+    if name in REMOVED and key not in defaults:
+      if value != REMOVED[name]:
+        raise ValueError(f'config.{name}={value!r} is no longer an option; '
+                         f'the code keeps {REMOVED[name]!r}.')
+      continue
     if key not in defaults and path[:-1] not in _FREE:
       hint = (f'; it is config.{RENAMED[name]} now' if name in RENAMED else
               ' (configs/base.py lists every option); check its spelling')
@@ -79,11 +81,9 @@ def _merge(defaults: dict, values: dict, path: str = '') -> dict:
 
 def with_defaults(config: ml_collections.ConfigDict | dict[str, Any]
                   ) -> ml_collections.ConfigDict:
-  """`config` over `configs/base.py`'s defaults, evaluator entries completed.
+  """`config` (a ConfigDict or a config.json dict) over base's defaults.
 
-  Accepts a ConfigDict or the plain dict of a saved config.json (lists become
-  tuples). A config that sets `evals` has exactly its own entries; one
-  without any (an older config.json) gets base's.
+  A config that sets `evals` has exactly its entries; one without gets base's.
   """
   values = _tuples(config.to_dict() if hasattr(config, 'to_dict')
                    else dict(config))
@@ -109,11 +109,10 @@ def load(workdir: str) -> ml_collections.ConfigDict:
 
 
 def validate(config, num_devices: int | None = None) -> None:
-  """Checks everything that can be checked before data or compilation.
+  """Checks everything checkable before data or compilation, at once.
 
-  `config` has its defaults (`with_defaults`); `num_devices` defaults to
-  every device of the job. Raises `errors.ConfigError` with every problem found.
-  What needs the data's size is checked by `validate_data` once it is known.
+  `num_devices` defaults to every device of the job. Raises
+  `errors.ConfigError` listing every problem.
   """
   problems = errors.Problems()
   n = jax.device_count() if num_devices is None else num_devices
@@ -165,8 +164,7 @@ def validate(config, num_devices: int | None = None) -> None:
       raise ValueError(f'config.loss_scale={scale!r} must be a number > 0 '
                        '(the factor on the loss; 1.0: none).')
   with problems.check():
-    # The schedule's and the optimizer's own checks (kind, name), on a dummy
-    # length; nothing is initialised.
+    # The schedule's and optimizer's own checks, on a dummy length.
     optim.create_optimizer(
         config, optim.learning_rate_schedule(config, total_steps=1))
   with problems.check():
@@ -188,10 +186,6 @@ def validate(config, num_devices: int | None = None) -> None:
     if ds.imbalance not in ('none', 'linear', 'exponential'):
       raise ValueError(f'config.dataset.imbalance={ds.imbalance!r}; known: '
                        'none, linear, exponential.')
-    if ds.imbalance_levels < 0:
-      raise ValueError(f'config.dataset.imbalance_levels='
-                       f'{ds.imbalance_levels} must be >= 0 (0: '
-                       'min(num_classes, 10)).')
   with problems.check():
     if (ds.validation_size or ds.imbalance != 'none') and not ds.in_memory:
       raise ValueError('config.dataset.validation_size and .imbalance need '
@@ -206,9 +200,7 @@ def validate(config, num_devices: int | None = None) -> None:
 
 def validate_data(config, *, num_train: int,
                   num_devices: int | None = None) -> None:
-  """The checks that need the training split's size `num_train`, together:
-  the batch and the evaluators' sizes (e.g. kNN's k) against it. Raises
-  `errors.ConfigError`, each problem with a value that fits."""
+  """The checks that need the training split's size `num_train`, at once."""
   problems = errors.Problems()
   n = jax.device_count() if num_devices is None else num_devices
   with problems.check():

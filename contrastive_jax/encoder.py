@@ -1,14 +1,10 @@
 """A trained encoder as a function of images: `load_encoder(workdir)`.
 
-    >>> import contrastive_jax
     >>> encoder = contrastive_jax.load_encoder('workdir/default')
     >>> features = encoder(images)             # uint8 [B, H, W, C] -> [B, F]
     >>> z = encoder.project(images)            # the projection head's [B, D]
 
-`help(contrastive_jax.load_encoder)` documents the images an encoder takes
-(the run's size and channels, uint8 or float in [0, 1]), which it adapts
-and which it refuses. The encoder runs in eval mode (BatchNorm's running
-statistics), as every evaluation of the run does.
+The images it takes: `help(contrastive_jax.load_encoder)`.
 """
 
 from __future__ import annotations
@@ -36,8 +32,7 @@ def _shape(dims) -> str:
 
 
 def _channel_fix(have: int, want: int, name: str, scale: str) -> str:
-  """How to give `name` (with `have` channels) `want` channels; `scale` is
-  ' / 255' for integer pixels, so that the result is floats in [0, 1]."""
+  """How to give `name` `want` channels; `scale`: ' / 255' for integers."""
   if want == 3 and have == 1:
     return f'grey to RGB: np.repeat({name}, 3, axis=-1)'
   if want == 3 and have == 4:
@@ -48,8 +43,7 @@ def _channel_fix(have: int, want: int, name: str, scale: str) -> str:
 
 
 def _range_problem(lo: float, hi: float, integer: bool) -> str | None:
-  """What is wrong with pixel values spanning [lo, hi], and its fix; None
-  when they are pixels (integers in [0, 255], floats in [0, 1])."""
+  """What is wrong with pixel values spanning [lo, hi] and its fix, or None."""
   if integer:
     if lo >= 0 and hi <= 255:
       return None
@@ -80,14 +74,9 @@ def _as(x, dtype):
 
 
 def check_images(images, image_shape) -> tuple[Any, bool]:
-  """`images` as the encoder's jitted apply takes them, or a ValueError.
+  """(x [B, H, W, C] uint8 or float32, single) from `images`, or ValueError.
 
-  Returns (x, single): x [B, H, W, C], uint8 pixels (divided by 255 on the
-  device, as the run's evaluation does) or float32 in [0, 1], on the host
-  for host input (a jax.Array stays on its device); `single` when one image
-  [H, W, C] was given (x has a batch axis of 1 added). The checks read the
-  shape, the dtype and, except for uint8, one min and max of the values.
-  `contrastive_jax.load_encoder` documents the rules.
+  `single`: one image [H, W, C] was given. A jax.Array stays on its device.
   """
   xp = jnp if isinstance(images, jax.Array) else np
   x = images if xp is jnp else np.asarray(images)
@@ -147,16 +136,8 @@ def check_images(images, image_shape) -> tuple[Any, bool]:
 class Encoder:
   """A run's frozen encoder: `encoder(images)` -> backbone features.
 
-  The images it takes (`image_shape`, uint8 or float in [0, 1]), adapts and
-  refuses: `help(contrastive_jax.load_encoder)`.
-
-  Attributes:
-    config: the run's config (with the defaults).
-    step: the checkpoint's step.
-    classes: the run's class names for an image folder (classes.json), else
-      None.
-    image_shape: (H, W, C) of the run's images, the one image shape the
-      encoder takes.
+  Attributes: the run's `config`, the checkpoint's `step`, an image folder's
+  `classes` (else None) and the (H, W, C) `image_shape` it takes.
   """
   config: ml_collections.ConfigDict
   step: int
@@ -183,20 +164,17 @@ class Encoder:
     return out[0] if single else out
 
   def __call__(self, images) -> np.ndarray:
-    """Backbone features [B, F] (the representation the run evaluates);
-    [F] for one image [H, W, C]."""
+    """Backbone features [B, F]; [F] for one image [H, W, C]."""
     return self._output(images, 'features')
 
   def project(self, images) -> np.ndarray:
-    """Projection-head outputs [B, D] (the space the loss saw); [D] for one
-    image [H, W, C]."""
+    """Projection-head outputs [B, D]; [D] for one image [H, W, C]."""
     return self._output(images, 'projection')
 
 
 def load_encoder(workdir: str, *, step: int | None = None,
                  image_shape: tuple[int, int, int] | None = None) -> Encoder:
-  """`contrastive_jax.load_encoder`, documented there (the package's
-  `__init__.py`, which imports no jax)."""
+  """`contrastive_jax.load_encoder`, documented there."""
   storage.check(workdir, what='workdir', write=False)
   config = config_lib.load(workdir)
   classes = workdir_lib.load_classes(workdir)

@@ -1,8 +1,5 @@
 """User errors: a config or its data that cannot run, found before any work.
-
-`ConfigError` carries every problem the checks found (`Problems` collects
-them), each naming the field and the fix; the command-line entry points print
-it as it is, without a traceback (`--verbosity=1` shows one).
+The entry points print a `ConfigError` without a traceback.
 """
 
 from __future__ import annotations
@@ -11,12 +8,8 @@ import contextlib
 
 
 class ConfigError(ValueError):
-  """A config, or its data, that cannot run: every problem found, at once.
-
-  Raised before anything is written to the workdir. `problems` holds one
-  message per problem, each naming the field and the fix; the message is
-  that one line, or a numbered list of them.
-  """
+  """Every problem found, each naming the field and the fix: one line, or a
+  numbered list."""
 
   def __init__(self, problems):
     self.problems = tuple(problems)
@@ -29,16 +22,8 @@ class ConfigError(ValueError):
 
 
 class Problems:
-  """Runs independent checks and collects what each finds.
-
-      problems = Problems()
-      with problems.check():
-        ...                        # a ValueError here is recorded
-      problems.raise_any()         # ConfigError listing them all
-
-  A check that fails because an earlier one did (e.g. an unknown method's
-  own checks) repeats its message, which is kept once.
-  """
+  """Collects the ValueErrors of `with problems.check():` blocks (each
+  message once); `raise_any` raises them as one ConfigError."""
 
   def __init__(self):
     self.found: list[str] = []

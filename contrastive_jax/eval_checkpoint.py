@@ -2,19 +2,11 @@
 
   contrastive-jax-eval --workdir=workdir/default [--linear_eval=cifar]
 
-(or `python -m contrastive_jax.cli eval ...`). Reads `<workdir>/config.json`
-and `<workdir>/classes.json` (an image folder's class ids are the run's) and
-the newest readable checkpoint in `<workdir>/checkpoints`, and runs on the
-frozen encoder (eval-mode BatchNorm, un-augmented images) the run's final
-evaluators (`config.evals`, with extra kNN neighbour counts), the
-diagnostics, and optionally the papers' linear evaluation with a named preset.
-The keys are those of the run's results.json ('trained/<metric>');
-everything goes to `<outdir>/results.json` (default `<workdir>/eval`,
-`results_path`) with the diagnostics' PNG files, and the log says where.
-
-Only `params` and `batch_stats` are restored (`checkpointing.restore_variables`),
-so the checkpoint may hold any other state and may have been written on any
-number of devices.
+Restores only `params` and `batch_stats` of the newest readable checkpoint
+(written on any number of devices) and runs the run's final evaluators, the
+diagnostics and optionally the papers' linear evaluation on the frozen
+encoder; writes `<outdir>/results.json` (default `<workdir>/eval`) with the
+results.json keys ('trained/<metric>') and the diagnostics' PNGs.
 """
 
 from __future__ import annotations
@@ -39,14 +31,9 @@ from contrastive_jax import workdir as workdir_lib
 from contrastive_jax.evaluators import features
 
 
-def output_dir(workdir: str, outdir: str | None = None) -> str:
-  """Where `evaluate_checkpoint` writes: `outdir`, else `<workdir>/eval`."""
-  return outdir or os.path.join(workdir, 'eval')
-
-
 def results_path(workdir: str, outdir: str | None = None) -> str:
   """The results.json that `evaluate_checkpoint(workdir, outdir)` writes."""
-  return os.path.join(output_dir(workdir, outdir), 'results.json')
+  return os.path.join(outdir or os.path.join(workdir, 'eval'), 'results.json')
 
 
 def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
@@ -58,35 +45,22 @@ def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
                         diagnostics: bool = True,
                         cacr_t_neg: float = 2.,
                         seed: int = 0) -> dict[str, Any]:
-  """Evaluates a run's checkpoint and writes results.json and PNGs.
+  """Evaluates a run's checkpoint; writes and returns its results.
 
-  Args:
-    workdir: the training run's directory (config.json, checkpoints/).
-    outdir: where to write; default `<workdir>/eval`.
-    data: (train, test) sources instead of the config's dataset (tests).
-    step: checkpoint step; None takes the newest readable one.
-    knn_ks: neighbour counts added to the run's final kNN evaluator's; values
-      above the training-set size are dropped.
-    linear_eval: a preset of `linear_eval.PRESETS`: also run (or, if the run
-      has one, replace) the papers' linear evaluation with it. Without it no
-      linear evaluation runs (it trains for epochs).
-    linear_eval_epochs: override of the preset's epochs (quick looks, tests).
-    diagnostics: also run the diagnostics evaluator.
-    cacr_t_neg: t^- of CACR's conditional entropy (the diagnostics).
-    seed: seed of the diagnostics' augmented views.
-
-  Returns:
-    The results dict written to `<outdir>/results.json`.
+  `data`: (train, test) sources instead of the config's dataset; `knn_ks`:
+  neighbour counts added to the final kNN's (those above the training size
+  dropped); `linear_eval`: a `linear_eval.PRESETS` name to run (else none),
+  `linear_eval_epochs` overriding its epochs; `cacr_t_neg` and `seed`: the
+  diagnostics' t^- and augmentation seed.
   """
   t0 = time.time()
   storage.check(workdir, what='--workdir', write=False)
   config = config_lib.load(workdir)
-  outdir = output_dir(workdir, outdir)
+  outdir = outdir or os.path.join(workdir, 'eval')
   storage.check(outdir, what='--outdir', write=True)
   if config.dataset.data_dir:
     storage.check(config.dataset.data_dir, what='config.dataset.data_dir',
                   write=False)
-  # The run's stored class list: an image folder is labelled as in training.
   train_data, test_data = data or data_lib.load(
       config, workdir_lib.load_classes(workdir))
 

@@ -1,21 +1,9 @@
 """TensorBoard scalars, written without importing TensorFlow.
 
-clu's metric writers import TensorFlow with their package, seconds at the
-start of every process for a run that otherwise never loads it (TFDS reads
-ArrayRecord files with numpy and PIL; TensorFlow is loaded only to build a
-dataset; docs/performance.md has the start-up figures). The event files here
-are TensorBoard's own format, written by TensorBoard's record writer and
-protos: `tensorboard --logdir <workdir>` shows them.
-
-A resumed run redoes the steps after its checkpoint, and the events of the
-invocation it resumes may already hold some of them. `EventWriter.restart`
-writes TensorBoard's restart marker, an event with `session_log.status =
-START`: TensorBoard's event accumulator then drops every event it has read
-with a step at or after the marker's (`_CheckForRestartAndMaybePurge` in
-`tensorboard/backend/event_processing/event_accumulator.py`; TensorBoard's
-Rust data server replaces a series' points from any step written again).
-Event files are read in the order of their names, which start with the
-second they were opened in, so the marker follows what it discards.
+Event files in TensorBoard's own format, via its record writer and protos.
+`EventWriter.restart` writes TensorBoard's restart marker (`session_log`
+START): TensorBoard then drops the events it read at or after that step, so
+a resumed run's redone steps show once.
 """
 
 from __future__ import annotations
@@ -37,14 +25,9 @@ _FILE_COUNT = itertools.count()
 
 
 class EventWriter:
-  """Appends scalar summaries to event files in `logdir`.
-
-  `logdir=None` gives a writer that writes nothing (the processes other than
-  process 0 of a multi-host run). Paths go through `storage` (`etils.epath`),
-  so a `gs://` workdir holds the events too. `flush` makes what is written
-  so far durable: a local file is flushed; on an object store, where a file
-  is one object uploaded when it is closed, the file is closed and the next
-  scalars start a new one (TensorBoard reads every event file of a folder).
+  """Appends scalar summaries to event files in `logdir` (None: writes
+  nothing). `flush` makes them durable; on an object store it closes the
+  file (one object) and the next scalars start a new one.
   """
 
   def __init__(self, logdir: str | os.PathLike | None):
@@ -54,11 +37,8 @@ class EventWriter:
 
   def _open(self) -> None:
     self._dir.mkdir(parents=True, exist_ok=True)
-    # TensorBoard's naming (`events.out.tfevents.<seconds>.<host>`), plus the
-    # pid and a count of the files this process opened, so that no two files
-    # share a name (two writers of one process may open theirs in the same
-    # second). TensorBoard reads a folder's event files in the order of their
-    # names: the count has a fixed width, so that `.10` follows `.2`.
+    # TensorBoard's naming plus pid and a fixed-width count: unique names,
+    # read in the order they were opened.
     name = (f'events.out.tfevents.{int(time.time())}.{socket.gethostname()}.'
             f'{os.getpid()}.{next(_FILE_COUNT):04d}')
     self._file = (self._dir / name).open('wb')
@@ -70,8 +50,7 @@ class EventWriter:
     self._records.write(event.SerializeToString())
 
   def restart(self, step: int) -> None:
-    """Marks a (re)start at `step`: TensorBoard discards the events written
-    before this one at steps >= `step` (the module docstring)."""
+    """Marks a (re)start: TensorBoard drops earlier events at steps >= it."""
     if self._dir is None:
       return
     if self._file is None:

@@ -1,19 +1,8 @@
 """Progress bars for a person watching; nothing extra in log files.
 
-    with progress.bar(total=936, desc='pretraining', initial=1) as bar:
-      for ...:
-        bar.update(1)
-        bar.set_postfix_str('loss 3.21  620 img/s')
-
-`bar` yields a tqdm bar (one line that updates, with rate and ETA) when bars
-are on, else a no-op object with the same methods, so callers never branch.
-Bars are on, by default ('auto'), on process 0 when stderr is a terminal: a
-job's log file or a pod's per-host logs get the periodic log lines instead.
-`main.py --progress=on|off` or `configure()` overrides that (a notebook, whose
-stderr is no terminal, turns them on).
-
-While a bar is shown, absl's log lines are printed above it (`tqdm.write`)
-instead of breaking it in two.
+`bar` yields a tqdm bar, or a no-op object with the same methods. Bars show
+by default ('auto') on process 0 when stderr is a terminal; `--progress` or
+`configure` overrides that. While a bar shows, absl's lines print above it.
 """
 
 from __future__ import annotations
@@ -64,8 +53,7 @@ NO_BAR = _NoBar()   # The default of functions that take an optional bar.
 class _Bar(tqdm.tqdm):
 
   def restart_clock(self) -> None:
-    """Rate and ETA from now on count only the units after this call (e.g.
-    after a compiling first step, whose time would distort both)."""
+    """Rate and ETA count only the units after this call."""
     self.initial = self.n
     self.start_t = self.last_print_t = time.time()
     self.refresh()
@@ -86,11 +74,7 @@ class _AboveBar:
 @contextlib.contextmanager
 def bar(total: int, desc: str, *, initial: int = 0, unit: str = 'step',
         rate: bool = True):
-  """A progress bar over `total` units (see the module docstring).
-
-  `rate=False` leaves out the units per second and the time remaining: for
-  units of unequal cost, which would make both wrong.
-  """
+  """A progress bar over `total` units; `rate=False`: no rate and ETA."""
   if not enabled():
     yield NO_BAR
     return

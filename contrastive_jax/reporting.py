@@ -1,42 +1,11 @@
-"""What a run reports: its training log, results.json, summary.png and the
-summary table.
+"""What a run reports: its training log, results.json, summary.png, summary.
 
-`TrainLog` keeps the scalars of the training loop (TensorBoard events from
-process 0, `history.json` for resuming and plots, the log lines with speed
-and ETA); `finish` writes results.json, draws summary.png and prints the
-summary. Every JSON file of a run goes through `write_json`, atomically.
-
-A run may take several invocations of the same command (a preemption, a
-rerun of a finished run). results.json's training entries say which:
-
-  steps                   the run's length: the step its final state is at.
-  resumed_from_step       the checkpoint this invocation restored, or None.
-  steps_this_run          the steps this invocation trained (0: it restored
-                          the final checkpoint and only evaluated).
-  train_seconds_this_run  the wall time of this invocation's training loop
-                          (the first step's compilation, the online
-                          evaluations and the checkpoint writes included);
-                          0.0 when it trained no step.
-  train_seconds           the same summed over the invocations that made the
-                          final state: each earlier one counted up to the
-                          checkpoint the next one restored (`TIMES_FILE`
-                          keeps the sum at each checkpoint). None when an
-                          earlier invocation left no such record.
-  images_per_sec          the median of the logged intervals' rates (each
-                          interval's images over its wall time; the compiling
-                          first step of each invocation excluded), over
-                          every invocation's intervals in history.json;
-                          absent when no interval was timed.
-  input_wait              this invocation's share of its timed training time
-                          spent waiting for batches; absent when it timed
-                          none.
-  final_loss              the loss at the last logged step.
-
-TensorBoard: each invocation starts with TensorBoard's restart marker at the
-step it starts from and writes the restored step's history entry again
-(`event_writer`), so TensorBoard shows every (tag, step) once, whatever the
-earlier invocations wrote past their checkpoint. The results' scalars are
-written at the last step under the tags the training log does not use.
+results.json's training entries, over the invocations of one run: `steps`,
+`resumed_from_step`, `steps_this_run`, `train_seconds_this_run`,
+`train_seconds` (summed over the invocations that made the final state, None
+when one left no record), `images_per_sec` (median of the logged intervals,
+compilation excluded), `input_wait` (share of this invocation's timed
+training time spent waiting for batches) and `final_loss`.
 """
 
 from __future__ import annotations
@@ -56,8 +25,7 @@ from contrastive_jax import storage
 
 
 def write_json(path: str, obj) -> None:
-  """Writes `obj` to `path` (local or remote) atomically: never a
-  half-written file (`storage.write_atomic`)."""
+  """Writes `obj` to `path` (local or remote) atomically."""
   storage.write_atomic(path, json.dumps(obj, indent=2, sort_keys=True))
 
 
@@ -73,35 +41,21 @@ def fmt_time(seconds: float) -> str:
 
 
 def _duration(seconds: float) -> str:
-  """Seconds as a person reads them: '4.2 s' under a minute, else '3m07s'."""
   return f'{seconds:.1f} s' if seconds < 60 else fmt_time(seconds)
 
 
-# Cumulative training seconds at each checkpoint step, {"<step>": seconds}:
-# what a resumed invocation adds its own training time to.
+# {"<checkpoint step>": cumulative training seconds}.
 TIMES_FILE = 'train_seconds.json'
 
 
 class TrainLog:
   """The scalars of a training run, from step `start` to `total_steps`.
 
-  `step` takes every step's metrics (device arrays) and, every
-  `config.log_every_steps` steps, fetches them, stops on a non-finite value,
-  adds the learning rate, images/s and the input wait (all timed from the
-  end of the first, compiling, step), and writes them to TensorBoard and the
-  history; a log line every ~10% of the run under a progress bar, else every
-  log step. `online` adds the online evaluators' values at a step. `save`,
-  with each checkpoint, writes the history and the training seconds so far;
-  `end_training` stops the training clock; `results` gives results.json's
-  training entries (the module docstring).
-
-  Input wait: the training loop takes its batches through `input(batches)`,
-  which counts the time spent waiting for each one (reading, decoding and
-  moving it to the devices, where the prefetch has not done so already);
-  `input_wait` is that time's share of the log interval's wall time. The
-  step runs asynchronously, so a loop that is never input-bound spends its
-  time blocked on the devices instead and shows a share near 0; a share
-  near 1 means the devices sit idle waiting for data.
+  `step` records every step and logs every `config.log_every_steps` (stopping
+  on a non-finite value) to TensorBoard, the history and the log; `save`
+  writes the history and training seconds with each checkpoint. `input`
+  wraps the batches to time the wait for each: `input_wait` is its share of
+  the log interval (near 1: the devices wait for data).
   """
 
   def __init__(self, workdir: str, config, *, start: int, total_steps: int):
@@ -118,8 +72,7 @@ class TrainLog:
     self.seconds_before = self.times.get(str(start)) if start else 0.0
     self.writer = event_writer.EventWriter(
         workdir if jax.process_index() == 0 else None)
-    # Whatever the events hold from `start` on is discarded; the restored
-    # step's own scalars are written again from the history.
+    # TensorBoard drops the events from `start` on; rewrite that step's.
     self.writer.restart(start)
     if self.history and self.history[-1]['step'] == start:
       self.writer.write_scalars(start, {
@@ -135,8 +88,6 @@ class TrainLog:
     self.waited = self.last_waited = 0.0
 
   def input(self, batches):
-    """Yields from `batches`, adding the time each `next` takes to
-    `waited` (the input wait, see the class docstring)."""
     it = iter(batches)
     while True:
       t = time.perf_counter()
@@ -152,8 +103,7 @@ class TrainLog:
     bar.update(1)
     self.done = done
     if done == self.start + 1:
-      # The first step compiles: time from its end, so images/s and the
-      # ETA are the steady state's, not diluted by compilation.
+      # The first step compiles: time from its end.
       jax.block_until_ready(metrics)
       self.t0 = self.last_time = time.time()
       self.timed_from = self.last_step = done
@@ -201,8 +151,7 @@ class TrainLog:
         f'{k} {v:.4f}' for k, v in values.items()))
 
   def save(self) -> None:
-    """history.json, the training seconds so far and the TensorBoard events,
-    with a checkpoint (at the last step recorded)."""
+    """history.json, the training seconds and the events, with a checkpoint."""
     self.writer.flush()
     if jax.process_index() == 0:
       write_json(self.path, self.history)
@@ -212,8 +161,7 @@ class TrainLog:
         write_json(self.times_path, self.times)
 
   def end_training(self) -> None:
-    """Stops the training clock (the loop and its last checkpoint are done);
-    the final checkpoint's entry of `TIMES_FILE` gets the total."""
+    """Stops the training clock; the final checkpoint's time gets the total."""
     self.ended = time.time()
     total = self.results()['train_seconds']
     if (self.done > self.start and total is not None and
@@ -222,9 +170,7 @@ class TrainLog:
       write_json(self.times_path, self.times)
 
   def results(self) -> dict[str, Any]:
-    """results.json's training entries (the module docstring says what each
-    means) and the last value of every online metric."""
-    # An invocation that trained no step spent no time training.
+    """results.json's training entries and the last online metrics."""
     this_run = ((self.ended or time.time()) - self.began
                 if self.done > self.start else 0.0)
     out = {'steps': self.total_steps,
@@ -250,9 +196,7 @@ class TrainLog:
   def finish(self, results: dict[str, Any], embeddings, classes=None) -> None:
     """Writes results.json and summary.png, prints the summary (process 0).
 
-    TensorBoard gets the results' floats at the last step, but for those
-    under a tag of the training log (a summary of its curve, like the median
-    images/s): that step holds the log's own value already."""
+    TensorBoard gets the results' floats that are no training log tag."""
     logged = {k for h in self.history for k in h}
     self.writer.write_scalars(self.total_steps, {
         k: v for k, v in results.items()
@@ -269,9 +213,7 @@ class TrainLog:
 
 
 def _curve(ax, history, key, *, single: str = 'o', **kw) -> int:
-  """Plots `key` of the history entries that have it, as the marker `single`
-  when there is one (a one-point line draws nothing); the number of
-  points."""
+  """Plots `key` of the history (one point: marker `single`); its points."""
   points = [(h['step'], h[key]) for h in history if key in h]
   if len(points) == 1 and not kw.get('marker'):
     kw['marker'] = single
@@ -281,8 +223,6 @@ def _curve(ax, history, key, *, single: str = 'o', **kw) -> int:
 
 
 def _too_few(ax, n: int, what: str) -> None:
-  """Says in the panel why it shows no curve: `n` (0 or 1) points of
-  `what`."""
   if n > 1:
     return
   text = (f'no {what} logged' if n == 0 else
@@ -295,17 +235,11 @@ def _too_few(ax, n: int, what: str) -> None:
 
 def plot_run(history, results, embeddings, path: str, *, classes=None,
              split: str = 'test'):
-  """Writes summary.png: what a run did and what it learnt; returns the
-  matplotlib Figure.
+  """Writes summary.png and returns its matplotlib Figure.
 
-  Panels: (1) the loss and the learning rate; (2) the online monitors (the
-  linear probe's training-batch accuracy, the periodic kNN) over steps;
-  (3) alignment and uniformity of the batch's embeddings (Wang & Isola 2020,
-  lower is better); (4) the final kNN and linear accuracy of the trained
-  encoder, and of the baselines when they ran; (5, 6) t-SNE maps of test
-  features of the trained encoder and of the first baseline, coloured by
-  class (`classes`: the class names, else their ids). A curve of one point
-  is a marker, with a note; accuracy axes end at 100% at most.
+  Panels: loss and learning rate; online monitors; alignment and uniformity
+  (Wang & Isola 2020); final kNN and linear accuracy against the baselines;
+  t-SNE of test features of the trained encoder and the first baseline.
   """
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
@@ -364,8 +298,7 @@ def plot_run(history, results, embeddings, path: str, *, classes=None,
     ax.barh(ys, vals, height=0.38, label=label)
     bars += [(y, v) for y, v in zip(ys, vals) if np.isfinite(v)]
   ax.set_yticks(range(len(reps)), reps)
-  # Zoomed on the values: the gaps between representations are the point;
-  # room on the right for the legend, up to 100%.
+  # Zoomed on the values, room for the legend, up to 100%.
   shown_vals = [v for _, v in bars]
   lo = max(0., min(shown_vals, default=0.) - 8.)
   hi = min(100., max(shown_vals, default=88.) + 12.)
@@ -404,8 +337,7 @@ def plot_run(history, results, embeddings, path: str, *, classes=None,
   return fig
 
 
-# A run that waits for its batches longer than this share of its training
-# time is called input-bound in its summary.
+# The input-wait share from which the summary calls a run input-bound.
 INPUT_BOUND = 0.1
 
 
@@ -420,15 +352,12 @@ def _input_wait_lines(wait: float | None) -> list[str]:
           'docs/input_pipeline.md)']
 
 
-# The widths of the summary table's columns (the row's name, the kNN and the
-# linear accuracy, right-aligned) and of its rules.
+# The summary table's column widths (name, kNN, linear) and rule width.
 _NAME, _KNN, _LINEAR = 16, 26, 14
 _RULE = 64
 
 
 def _row(name: str, knn: str = '', linear: str = '') -> str:
-  """A table row; a name longer than its column runs into an empty kNN
-  column, and the linear column stays where it is."""
   if knn:
     return f'{name:<{_NAME}}{knn:>{_KNN}}{linear:>{_LINEAR}}'
   return f'{name:<{_NAME + _KNN}}{linear:>{_LINEAR}}'
@@ -439,9 +368,7 @@ def _pct(x: float) -> str:
 
 
 def _training_lines(results: dict) -> list[str]:
-  """What the training of a run took, as results.json records it (the module
-  docstring): the steps and seconds of this invocation, and of all of them
-  when it resumed; the images/s; the final loss."""
+  """Steps, seconds, images/s and final loss of results.json, in words."""
   steps = results.get('steps')
   this_run = results.get('steps_this_run')
   resumed = results.get('resumed_from_step') or 0

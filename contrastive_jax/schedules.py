@@ -1,9 +1,6 @@
-"""Per-step values of non-gradient hyperparameters, as optax-style schedules.
-
-A schedule is a function step -> value (`optax.Schedule`), traced inside the
-jitted step so that a changing value never recompiles it. The config names
-them: `config.moco.momentum_schedule` (the EMA momentum of a key encoder) and
-`config.loss_schedules` (loss keyword -> kind, e.g. JCL's `lam: 'epoch_ramp'`).
+"""Per-step values of non-gradient hyperparameters, as optax-style schedules,
+traced in the jitted step (`config.moco.momentum_schedule`,
+`config.loss_schedules`).
 """
 
 from __future__ import annotations
@@ -19,26 +16,12 @@ KINDS = ('constant', 'cosine', 'epoch_ramp')
 
 def build(kind: str, value: float, *, total_steps: int, steps_per_epoch: int,
           num_epochs: float, name: str = 'schedule') -> optax.Schedule:
-  """The schedule `kind` starting from (or ramping to) `value`.
+  """The schedule `kind` (int32 step -> float32) from or to `value`.
 
-  Kinds:
-    'constant': value (MoCo v1/v2's momentum 0.999).
-    'cosine': from value at step 0 up to 1 at `total_steps`, BYOL's and MoCo
-      v3's momentum, m_t = 1 - (1 - value) (cos(pi t / T) + 1) / 2.
-    'epoch_ramp': value * min((epoch + 1) / ceil(num_epochs), 1), JCL's
-      lambda ramp (lambda grows once per epoch and reaches its final value
-      in the last epoch; docs/losses.md, JCL).
-
-  Args:
-    kind: one of KINDS.
-    value: the base (or final, for 'epoch_ramp') value.
-    total_steps: steps of the whole run.
-    steps_per_epoch: steps of one pass over the training data.
-    num_epochs: the configured epochs (may be fractional).
-    name: what the error message calls the schedule (its config field).
-
-  Returns:
-    A function int32 step -> float32 scalar.
+  'constant': value. 'cosine': from value up to 1 at `total_steps` (BYOL's
+  and MoCo v3's momentum), 1 - (1 - value) (cos(pi t / T) + 1) / 2.
+  'epoch_ramp': value min((epoch + 1) / ceil(num_epochs), 1) (JCL's lambda).
+  `name` is the config field an error names.
   """
   if kind == 'constant':
     return lambda step: jnp.asarray(value, jnp.float32)

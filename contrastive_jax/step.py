@@ -1,12 +1,8 @@
 """The train state, the pure train step, and `build`, which makes both.
 
-Parallelism: one 1-D mesh over every device of every process, axis 'data'
-(`runtime.create_mesh`). The batch is sharded along it, parameters and
-optimizer state are replicated, the MoCo queue and the memory bank are
-sharded by rows and stay so (`state_shardings`), and `jax.jit` partitions
-the step. A step is: the method prepares its inputs without gradient (keys,
-negatives), the online forward and the loss are differentiated, the
-optimizer updates, the method updates its state (enqueue, bank write).
+One 1-D mesh, axis 'data', over every device: the batch is sharded along it,
+parameters and optimizer state are replicated, a MoCo queue or memory bank
+is sharded by rows, and `jax.jit` partitions the step.
 """
 
 from __future__ import annotations
@@ -30,10 +26,6 @@ from contrastive_jax import schedules
 from contrastive_jax.evaluators import diagnostics
 
 
-# `method_state` is the method's own pytree (contrastive_jax/methods: a key
-# encoder and MoCo's queue, a memory bank; None for in-batch methods);
-# `classifier_*` are the online classifier's (`config.online`), None when it
-# is off. None fields have no leaves, so they cost nothing in checkpoints.
 @flax.struct.dataclass
 class TrainState:
   """Everything that changes during training, as one pytree."""
@@ -41,19 +33,18 @@ class TrainState:
   params: Any                     # Online (query) encoder + head.
   batch_stats: Any                # Its BatchNorm running statistics.
   opt_state: Any
-  method_state: Any = None        # The method's (methods/*.py State).
-  classifier_params: Any = None     # The online classifier on the
-  classifier_opt_state: Any = None  # stop-gradient backbone features.
+  method_state: Any = None        # methods/*.py State, or None.
+  classifier_params: Any = None     # The online classifier's (config.online),
+  classifier_opt_state: Any = None  # None when it is off.
 
 
 @dataclasses.dataclass(frozen=True)
 class Loss:
-  """The configured loss: its name, fixed hyperparameters and schedules.
+  """The configured loss: name, fixed kwargs, schedules and scale.
 
-  `schedules` maps a loss keyword to a function step -> value (e.g. JCL's
-  lambda ramp, `config.loss_schedules`); the step passes their values traced,
-  so a changing value does not recompile it. `scale` multiplies the loss the
-  step differentiates (`config.loss_scale`; e.g. MoCo v3's 4 tau).
+  `schedules`: loss keyword -> (step -> value), passed traced so that a
+  changing value does not recompile. `scale` multiplies the loss
+  (`config.loss_scale`; e.g. MoCo v3's 4 tau).
   """
   name: str
   kwargs: dict[str, Any]
@@ -78,11 +69,9 @@ class Loss:
 
 @dataclasses.dataclass(frozen=True)
 class OnlineClassifier:
-  """The online linear classifier's settings (`config.online`): a monitor
-  trained inside the step on the batch's view-0 features, under
-  stop_gradient."""
+  """The online linear classifier (`config.online`), a monitor on view 0."""
   num_classes: int
-  learning_rate: float
+  learning_rate: float = 1e-3
 
   @property
   def tx(self) -> optax.GradientTransformation:
@@ -91,22 +80,12 @@ class OnlineClassifier:
 
 def online_classifier_step(params, opt_state, features, labels, *,
                            classifier: OnlineClassifier):
-  """One step of the online linear classifier on frozen features.
+  """One Adam step of the online linear classifier on frozen features.
 
-  Args:
-    params: {'w': [F, C], 'b': [C]}.
-    opt_state: its Adam state.
-    features: [B, F] backbone features of the batch (one view).
-    labels: [B] int class ids.
-    classifier: its settings.
-
-  Returns:
-    (params, opt_state, metrics) with `online/linear_acc` (top-1
-    on this batch, before the update) and `online/linear_loss`.
+  params {'w': [F, C], 'b': [C]}; features [B, F]; labels [B]. Returns
+  (params, opt_state, metrics): `online/linear_acc` (before the update) and
+  `online/linear_loss`. Stop-gradient: labels never reach the encoder.
   """
-  # The monitor must not train the encoder: labels would leak into what is
-  # meant to be self-supervised pretraining (BYOL's online classifier is
-  # trained on stop_gradient features for the same reason).
   features = jax.lax.stop_gradient(features.astype(jnp.float32))
 
   def loss_fn(p):
@@ -160,22 +139,9 @@ def train_step(state: TrainState, batch: dict[str, Any], rng: jax.Array, *,
                mesh=None) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimisation step. Pure: jit it with the state donated.
 
-  Args:
-    state: the current TrainState.
-    batch: {'views': view groups (see methods/base.py), each [B, V_g, H_g,
-      W_g, C] float, 'label': [B] int32, 'index': [B] int32 example ids}.
-    rng: a base PRNG key; the step's randomness is fold_in(rng, step).
-    model: the (method-wrapped) ContrastiveModel.
-    tx: the optax optimizer.
-    method: how the batch becomes the loss's inputs (contrastive_jax/methods).
-    loss: the configured loss.
-    classifier: the online linear classifier, or None.
-    mesh: the mesh (for the methods' sharded state and shard_maps).
-
-  Returns:
-    (new_state, metrics) with `loss` (times `loss.scale`: the value
-    differentiated), `grad_norm`, the loss's metrics, the
-    method's (e.g. `momentum`) and the scheduled hyperparameters' values.
+  batch: {'views': [B, V, H, W, C] float, 'label': [B], 'index': [B]}; the step's randomness is fold_in(rng, step).
+  Returns (new_state, metrics): `loss` (times `loss.scale`), `grad_norm`, the
+  loss's, the method's and the scheduled values, the monitors.
   """
   rng = jax.random.fold_in(rng, state.step)
   # 1. The method's inputs computed without gradient (keys, negatives).
@@ -219,15 +185,10 @@ def alignment_uniformity(z: jax.Array, key: jax.Array | None
                          ) -> dict[str, jax.Array]:
   """Wang & Isola (2020)'s monitors of the batch's embeddings, lower better.
 
-  `uniformity` of view 0 over the batch; `alignment` of view 0 with its
-  positive: view 1, or with one view, the key (MoCo's key encoder, InsDis's
-  bank row). z: [B, V, D]; key: [B, Vk, D] or None. Monitoring only: `z` is
-  the differentiated output's value, so nothing here reaches a gradient.
+  `uniformity` of view 0; `alignment` of view 0 with view 1, or with one
+  view, the key. z: [B, V, D]; key: [B, Vk, D] or None. The barrier keeps
+  XLA from fusing these with the loss's ops, which would change its floats.
   """
-  # The barrier keeps XLA from merging these ops with the loss's own (e.g.
-  # one shared normalisation of z), which would reorder the loss's float
-  # arithmetic: with it, the loss and gradients are computed as in a step
-  # without these monitors.
   z, key = jax.lax.optimization_barrier((z, key))
   out = {'uniformity': diagnostics.uniformity(z[:, 0])}
   partner = z[:, 1] if z.shape[1] > 1 else None if key is None else key[:, 0]
@@ -237,20 +198,15 @@ def alignment_uniformity(z: jax.Array, key: jax.Array | None
 
 
 def create_model(config):
-  """The configured model, as the configured method wraps it (e.g. with a
-  predictor), so checkpoints restore into the same parameter tree."""
+  """The configured model as the method wraps it (e.g. with a predictor)."""
   return methods.get(config.method).wrap_model(config,
                                                models.create_model(config))
 
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
-  """Everything `build` makes: the jitted step and what it closes over.
-
-  `init_fn(rng) -> state`; `step_fn(state, batch, rng) -> (state, metrics)`,
-  the state donated; the batch is sharded along 'data', the state as
-  `shardings` says. `learning_rate(step)` is the rate `tx` applies at `step`.
-  """
+  """What `build` makes: `init_fn(rng) -> state`, `step_fn(state, batch,
+  rng) -> (state, metrics)` (state donated) and what they close over."""
   model: Any
   tx: optax.GradientTransformation
   learning_rate: optax.Schedule
@@ -264,11 +220,7 @@ class Setup:
 
 def build(config, mesh, *, total_steps: int, steps_per_epoch: int,
           num_examples: int, image_shape, num_classes: int = 0) -> Setup:
-  """The model, optimizer, method, loss and jitted step of `config`.
-
-  The one place a run's pieces are made: the training job, the benchmarks
-  and the tests all build through it.
-  """
+  """The model, optimizer, method, loss and jitted step of `config`."""
   ctx = methods.base.Context(
       total_steps=total_steps, steps_per_epoch=steps_per_epoch,
       num_examples=num_examples, num_devices=mesh.size,
@@ -278,8 +230,7 @@ def build(config, mesh, *, total_steps: int, steps_per_epoch: int,
   learning_rate = optim.learning_rate_schedule(config, total_steps)
   tx = optim.create_optimizer(config, learning_rate)
   loss = Loss.from_config(config, method, ctx)
-  classifier = (OnlineClassifier(num_classes,
-                                 float(config.online.classifier_learning_rate))
+  classifier = (OnlineClassifier(num_classes)
                 if config.online.classifier and num_classes > 1 else None)
   init = functools.partial(create_train_state, model=model, tx=tx,
                            image_shape=tuple(image_shape), method=method,

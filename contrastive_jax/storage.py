@@ -1,26 +1,9 @@
 """Where a run's files live: local or shared filesystems, and object stores.
 
-Every file the project reads or writes outside the checkpoints (config.json,
-classes.json, data.json, history.json, results.json, plots, TensorBoard
-events, image folders, npz arrays) goes through `etils.epath`, the path
-library Orbax and TFDS use for theirs, so a `--workdir` or a
-`config.dataset.data_dir` may be a local path, a shared filesystem's path
-or an object store URL (`gs://bucket/run`):
-
-* `gs://` goes through gcsfs (fsspec), not TensorFlow's GCS client: it
-  starts without importing TensorFlow, and it reads `STORAGE_EMULATOR_HOST`,
-  so that the same code runs against a local GCS emulator in the tests.
-  `configure` sets this (etils' `EPATH_USE_TF=false`) the first time a
-  remote path is used, unless the variable is set already.
-* With `STORAGE_EMULATOR_HOST` set, the two other GCS clients of a run are
-  pointed at the same endpoint: TensorStore's (Orbax writes checkpoint
-  arrays through it: `TENSORSTORE_GCS_HTTP_URL`) and google-cloud-cpp's
-  (ArrayRecord files are read through it: `CLOUD_STORAGE_EMULATOR_ENDPOINT`).
-* An object store has no rename: `write_atomic` writes a remote file as
-  one object in one request (an object appears whole or not at all), and a
-  local one to a temporary file renamed over the target.
-* `check` names an unreachable bucket or missing credentials in one line,
-  before a run writes or reads anything.
+Every file outside the checkpoints goes through `etils.epath`, so a workdir
+or data_dir may be an object store URL (`gs://bucket/run`). `gs://` uses
+gcsfs (no TensorFlow); with `STORAGE_EMULATOR_HOST` set, TensorStore and
+google-cloud-cpp are pointed at the same endpoint (`configure`).
 """
 
 from __future__ import annotations
@@ -50,16 +33,14 @@ def is_remote(p: Any) -> bool:
 
 
 def configure() -> None:
-  """Process set-up for remote paths (module docstring); idempotent, and
-  only what the user has not set already."""
+  """Process set-up for remote paths; idempotent, keeps what the user set."""
   if 'EPATH_USE_TF' not in os.environ:
     os.environ['EPATH_USE_TF'] = 'false'
     # etils decides once per process, at its first path of any kind.
     cached = getattr(gpath, '_is_tf_installed', None)
     if hasattr(cached, 'cache_clear'):
       cached.cache_clear()
-  # Listings are not cached: another host (or Orbax, through TensorStore)
-  # adds files that a cached listing would not show.
+  # No listing cache: other hosts and Orbax add files.
   try:
     import fsspec  # pylint: disable=g-import-not-at-top
     for protocol in ('gs', 'gcs'):
@@ -73,8 +54,7 @@ def configure() -> None:
       emulator = 'http://' + emulator
     os.environ.setdefault('TENSORSTORE_GCS_HTTP_URL', emulator)
     os.environ.setdefault('CLOUD_STORAGE_EMULATOR_ENDPOINT', emulator)
-    # gcsfs asks Google's control plane (not the emulator) whether a bucket
-    # is zonal; an emulator's buckets are not.
+    # gcsfs would ask Google, not the emulator, whether a bucket is zonal.
     os.environ.setdefault('GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'false')
 
 
@@ -87,19 +67,15 @@ def path(p: Any) -> epath.Path:
 
 
 def location(p: Any) -> str:
-  """`p` as the string Orbax and TFDS take: a remote URL as it is, a local
-  path made absolute (`os.path.abspath` would turn `gs://b/x` into
-  `<cwd>/gs:/b/x`)."""
+  """`p` as the string Orbax and TFDS take (a URL as is, a path absolute)."""
   return os.fspath(path(p))
 
 
 def write_atomic(p: Any, data: bytes | str) -> None:
   """Writes `data` to `p` so that no reader ever sees it half written.
 
-  Local: a temporary file next to `p`, renamed over it. Remote: one object
-  written in one request (`epath`'s write through fsspec uploads a small
-  file at close), which an object store makes visible only once complete.
-  The parent directory is created where the storage has directories.
+  Local: a temporary file renamed over `p`. Remote: one object in one
+  request, visible only once complete.
   """
   data = data.encode() if isinstance(data, str) else data
   target = path(p)
@@ -118,8 +94,7 @@ def write_atomic(p: Any, data: bytes | str) -> None:
 
 
 def read_bytes(p: Any) -> bytes:
-  """The bytes of file `p` (a local one read directly: images are read
-  through here, one call each)."""
+  """The bytes of file `p` (a local one read directly)."""
   if is_remote(p):
     return path(p).read_bytes()
   with open(p, 'rb') as f:
@@ -142,15 +117,10 @@ def save_figure(fig, p: Any) -> None:
 
 
 def check(p: Any, *, what: str, write: bool) -> None:
-  """Fails fast with a `StorageError` naming `p` and the fix when `p` is a
-  remote location that cannot be used: gcsfs missing, no credentials (to
-  write; a public bucket reads without), the endpoint not answering, no
-  such bucket, nothing at `p` (to read), no permission. Does nothing for a
-  local path.
+  """A `StorageError` naming `p` and the fix when remote `p` is unusable.
 
-  `write`: write and delete a small object under `p` (named for this host
-  and process), which needs only object permissions; else `p` must hold
-  something (one listing request).
+  `write`: write and delete a small probe object under `p`; else `p` must
+  hold something. Does nothing for a local path.
   """
   if not is_remote(p):
     return
@@ -186,6 +156,7 @@ def check(p: Any, *, what: str, write: bool) -> None:
     raise
   except Exception as e:  # pylint: disable=broad-except
     why = f'{type(e).__name__}: {str(e).splitlines()[0][:200]}'
+    failed = f'{what} {p!r} cannot be {"written" if write else "read"}'
     if 'Forbidden' in str(e) or isinstance(e, PermissionError) or (
         '401' in str(e)):
       fix = (_NO_CREDENTIALS if scheme == 'gs' and not emulator and not
@@ -193,11 +164,8 @@ def check(p: Any, *, what: str, write: bool) -> None:
              f'give these credentials {"write" if write else "read"} access '
              f'to {scheme}://{bucket} (roles/storage.'
              f'{"objectAdmin" if write else "objectViewer"}).')
-      raise StorageError(f'{what} {p!r} cannot be '
-                         f'{"written" if write else "read"} ({why}): '
-                         f'{fix}') from None
-    raise StorageError(f'{what} {p!r} cannot be '
-                       f'{"written" if write else "read"} ({why}).') from None
+      raise StorageError(f'{failed} ({why}): {fix}') from None
+    raise StorageError(f'{failed} ({why}).') from None
 
 
 _NO_CREDENTIALS = (
@@ -208,8 +176,7 @@ _NO_CREDENTIALS = (
 
 
 def _check_reachable(p: Any, what: str, emulator: str | None) -> None:
-  """One TCP connection to the GCS endpoint: gcsfs retries a refused
-  connection for about a minute; this fails at once."""
+  """One TCP connection to the GCS endpoint (gcsfs retries for a minute)."""
   endpoint = urllib.parse.urlsplit(
       emulator if emulator and '://' in emulator else
       f'http://{emulator}' if emulator else 'https://storage.googleapis.com')

@@ -1,19 +1,8 @@
-"""The training job: restore, step, log, checkpoint, evaluate on schedule.
-
-`train_and_evaluate(config, workdir)` is the whole job: it checks the config
-and the workdir, loads the data, pretrains with checkpoints (resuming from the
-latest one), runs the online evaluators on their schedule, then the final
-evaluators on the trained encoder and the baselines (raw pixels, the randomly
-initialised encoder), and writes `workdir/results.json` and `summary.png`.
-The pieces live in their own modules: the step (`step.py`), the optimizer
-(`optim.py`), the evaluators (`evaluators/`), the data (`data.py`), the
-workdir's files (`workdir.py`) and the reports (`reporting.py`).
-
-Stopping: SIGTERM (a preemption notice, on any host) or Ctrl-C (SIGINT)
-saves the step all processes agree on and raises `Preempted`; a second
-Ctrl-C aborts at once; a non-finite metric raises `FloatingPointError`.
-Either way the asynchronous checkpointer finishes first, so the error is the
-last thing printed.
+"""The training job: `train_and_evaluate(config, workdir)` checks, loads the
+data, pretrains (resuming from the latest checkpoint) with online evaluators
+on schedule, runs the final evaluators on the trained encoder and baselines,
+and writes `workdir/results.json`. SIGTERM or Ctrl-C saves the step and
+raises `Preempted`; a non-finite metric raises FloatingPointError.
 """
 
 from __future__ import annotations
@@ -47,8 +36,7 @@ from input_pipeline import sources
 
 
 class Preempted(Exception):
-  """SIGTERM (a pod preemption) or SIGINT (Ctrl-C) was received; the step
-  reached is saved. `signal`: its name; `step`: the step saved."""
+  """SIGTERM or SIGINT stopped the job at `step`, which is saved."""
 
   def __init__(self, signal_name: str, step: int, workdir: str):
     self.signal, self.step = signal_name, step
@@ -60,42 +48,26 @@ class Preempted(Exception):
 
 def seed_keys(seed: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """A run's (init, augmentation, step) keys, all from `config.seed`."""
-  init_rng, aug_rng, step_rng = jax.random.split(jax.random.key(seed), 3)
-  return init_rng, aug_rng, step_rng
+  return tuple(jax.random.split(jax.random.key(seed), 3))
 
 
 def make_augment_fn(views, fit, mesh, aug_rng):
-  """augment_fn(step, images [B, H, W, C] uint8) -> views, jitted on `mesh`.
-
-  The images and the views are sharded along the batch like the step's
-  input. Step `step` draws from fold_in(aug_rng, step), so a resumed run
-  sees the views an uninterrupted one would have seen. With a host crop
-  (`sources.RandomCrops`) the devices skip only the crop.
-  """
+  """augment_fn(step, images uint8) -> views [B, V, h, w, C] sharded on `mesh`;
+  step s draws from fold_in(aug_rng, s), so a resumed run repeats its views."""
   rows, replicated = NamedSharding(mesh, P('data')), NamedSharding(mesh, P())
   host_cropped = isinstance(fit, sources.RandomCrops)
-  return jax.jit(lambda step, images: augment.augment_groups(
+  return jax.jit(lambda step, images: augment.augment_batch(
       jax.random.fold_in(aug_rng, step), images, views,
-      host_cropped=host_cropped),
-                 in_shardings=(replicated, rows), out_shardings=rows)
+      host_cropped=host_cropped), in_shardings=(replicated, rows),
+                 out_shardings=rows)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        data=None) -> dict[str, Any]:
-  """Pretrains, evaluates and writes `workdir/results.json`.
-
-  Args:
-    config: an experiment config (configs/*.py); missing options take
-      configs/base.py's defaults.
-    workdir: where checkpoints, TensorBoard events, plots and results go.
-    data: (train, eval) sources (e.g. `pipeline.ArrayDataset`s) to use instead
-      of opening `config.dataset` (tests inject synthetic data this way).
-
-  Returns the results dict written to results.json. Raises `Preempted`
-  (SIGTERM or Ctrl-C; the step reached is saved), FloatingPointError (a
-  non-finite metric; earlier checkpoints are kept) or `errors.ConfigError`
-  (a config or data that cannot run, every problem found, before anything
-  is written; docs/input_pipeline.md).
+  """Pretrains `config` (configs/*.py) in `workdir`, evaluates, and returns
+  the results written to results.json; `data`: (train, eval) sources used
+  instead of `config.dataset` (tests). Raises `Preempted`,
+  FloatingPointError or `errors.ConfigError` (before anything is written).
   """
   config, train_data, test_data = _prepare(config, workdir, data)
   splits = {'training data': train_data, 'evaluation data': test_data}
@@ -103,7 +75,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   rows = NamedSharding(mesh, P('data'))
   views = augment.build_views(config.augment.preset, config.augment.num_views,
                               config.augment.overrides, config.augment.op_order)
-  # The source's square, or (full_image) each view's crop of the full image.
   fit = sources.training_fit(config.dataset, views, config.seed)
   batches = pipeline.TrainBatches(
       train_data, global_batch_size=config.batch_size, seed=config.seed,
@@ -125,10 +96,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   start = int(state.step)
   log = reporting.TrainLog(workdir, config, start=start,
                            total_steps=total_steps)
-  # Unwound in reverse on any exit: the decoding workers stop; in-flight
-  # asynchronous saves finish (or fail) before any error propagates, so the
-  # error is the last thing printed and no half-written checkpoint directory
-  # is left behind; the signal handlers go back.
+  # On any exit: saves in flight finish before an error propagates.
   with contextlib.ExitStack() as stack:
     preempted = stack.enter_context(_stop_signals())
     stack.callback(manager.close)
@@ -136,16 +104,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     stream = stack.enter_context(contextlib.closing(
         batches.iterate(start, total_steps)))
     with progress.bar(total_steps, 'pretraining', initial=start) as bar:
-      for step, batch in zip(range(start, total_steps),
-                             log.input(stream)):
+      for step, batch in zip(range(start, total_steps), log.input(stream)):
         state, metrics = setup.step_fn(
             state, {'views': augment_fn(step, batch['image']),
                     'label': batch['label'], 'index': batch['index']},
             step_rng)
         done = step + 1
         if log.step(done, metrics, setup.learning_rate(step), bar):
-          # Stops a streamed run once too many bad records have turned up.
-          data_lib.count_skipped(config, splits)
+          data_lib.count_skipped(config, splits)   # Too many bad records?
         if due := evaluators.due(evals, done, total_steps):
           log.online(done, evaluators.run_online(
               due, features.variables_of(state), env))
@@ -166,14 +132,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
 
 def _prepare(config, workdir: str, data):
-  """The config with its defaults, checked; the data loaded and checked
-  against what needs its size; then the workdir bound to the run. Every
-  check runs before anything is written to the workdir, and each stage
-  reports all its problems at once (`errors.ConfigError`)."""
+  """The config (with defaults), data and bound workdir, all checked first."""
   config = config_lib.with_defaults(config)
   config_lib.validate(config)
-  # A bucket that cannot be reached fails here, not at the first checkpoint;
-  # on every host (one failing alone would leave the others waiting).
+  # An unreachable bucket fails here, on every host, not at a checkpoint.
   storage.check(workdir, what='--workdir', write=True)
   if config.dataset.data_dir:
     storage.check(config.dataset.data_dir, what='config.dataset.data_dir',
@@ -192,13 +154,11 @@ def _prepare(config, workdir: str, data):
 
 
 def _evaluate(evals, env, state, initial_state, splits):
-  """The final evaluators on the trained and (baselines) the initial
-  encoder, and the count of undecodable records: (results, embeddings)."""
-  results, embeddings = evaluators.run_final(evals, {
-      'trained': features.variables_of(state),
-      'random_init': features.variables_of(initial_state)},
-                                             env, baselines=env.config.eval.baselines)
-  # Evaluation has read every record of both splits: the full count.
+  """(results, embeddings) of the final evaluators, trained and initial."""
+  results, embeddings = evaluators.run_final(
+      evals, {'trained': features.variables_of(state),
+              'random_init': features.variables_of(initial_state)},
+      env, baselines=env.config.eval.baselines)
   results.update(data_lib.count_skipped(env.config, splits))
   if results['data/skipped_records']:
     logging.warning('%d undecodable records were replaced by black images in '
@@ -210,21 +170,10 @@ def _evaluate(evals, env, state, initial_state, splits):
 
 @contextlib.contextmanager
 def _stop_signals():
-  """Yields check(step) -> the name of the signal that stops the job at
-  `step` ('SIGTERM', 'SIGINT'), else ''; the previous handlers are back on
-  exit.
-
-  SIGTERM is a preemption notice; SIGINT (Ctrl-C) stops the same way: the
-  step is saved and the job exits. A second Ctrl-C aborts at once: a
-  KeyboardInterrupt (checkpoint writes already under way still finish, so
-  none is left half-written), or, with several processes, the process
-  exits (the others would wait for it in the step's collectives).
-  Multi-process: JAX's preemption sync manager catches SIGTERM on any host
-  and agrees on one step for every process (`reached_preemption_sync_point`),
-  so all of them save the same step; SIGINT is passed on to it as a SIGTERM
-  to this process. Handlers can only be set from the main thread; from
-  another one the job stops only on JAX's multi-process preemption notice.
-  """
+  """Yields check(step) -> 'SIGTERM' or 'SIGINT' if the job stops at `step`,
+  else ''. A second Ctrl-C aborts at once; with several processes JAX's
+  preemption sync agrees on the step (SIGINT is passed on as SIGTERM).
+  Handlers are set only from the main thread and restored on exit."""
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   several = jax.process_count() > 1
   received = []
@@ -247,10 +196,8 @@ def _stop_signals():
           signal.SIGTERM, lambda signum, frame: received.append(signum))
 
   def check(step: int) -> str:
-    if several:
-      stop = multihost_utils.reached_preemption_sync_point(step)
-    else:
-      stop = bool(received)
+    stop = (multihost_utils.reached_preemption_sync_point(step) if several
+            else bool(received))
     if not stop:
       return ''
     return 'SIGINT' if signal.SIGINT in received else 'SIGTERM'

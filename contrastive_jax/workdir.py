@@ -1,12 +1,9 @@
 """The run directory: the config and class list a run is bound to.
 
-A workdir holds one run: `config.json` (the config it started with, with the
-defaults), `data.json` (the images' shape, so that a checkpoint restores
-without opening the data) and, for an image folder, `classes.json` (its class
-list, so that resuming or evaluating labels the images as training did).
-Resuming a checkpointed run with another config or other classes is refused
-before anything is written; a workdir without a checkpoint holds no run, and
-a new start replaces what it holds.
+A workdir holds `config.json`, `data.json` (the images' shape) and, for an
+image folder, `classes.json`. Resuming a checkpointed run with another config
+or classes is refused before anything is written; a workdir without a
+checkpoint holds no run, and a new start replaces it.
 """
 
 from __future__ import annotations
@@ -32,29 +29,20 @@ def _flatten(d: dict, prefix: str = '') -> dict:
   return out
 
 
-# Fields that change how a run is computed but not what: a run resumes
-# with another value (e.g. moved to a host with more cores).
+# Fields that change how a run is computed, not what: resuming may change them.
 HOW_NOT_WHAT = ('dataset.num_workers',)
 
 
 def holds_run(workdir: str) -> bool:
-  """True when `workdir` holds a checkpoint: a run that another config must
-  not continue. A workdir without one (a start that failed, or stopped
-  before its first checkpoint) is not a run to protect: the next start
-  replaces its config.json and classes.json."""
+  """True when `workdir` holds a checkpoint: a run to protect."""
   checkpoints = storage.path(workdir) / 'checkpoints'
   return checkpoints.is_dir() and any(
       p.name.isdigit() for p in checkpoints.iterdir())
 
 
 def check_config(config, workdir: str) -> None:
-  """Refuses a workdir whose checkpointed run has another config; writes
-  nothing (`bind` does, once every check has passed).
-
-  The saved config is completed with the current defaults first
-  (`config_lib.with_defaults`), so an option added since the run started is
-  not taken for a difference; nor are the fields of `HOW_NOT_WHAT`.
-  """
+  """Refuses a workdir whose checkpointed run has another config (the saved
+  one with the current defaults; `HOW_NOT_WHAT` aside). Writes nothing."""
   path = os.path.join(workdir, 'config.json')
   if not holds_run(workdir) or not storage.path(path).exists():
     return
@@ -74,8 +62,7 @@ def check_config(config, workdir: str) -> None:
 
 
 def load_classes(workdir: str) -> tuple[str, ...] | None:
-  """The class list of the run checkpointed in `workdir`
-  (`<workdir>/classes.json`), if any."""
+  """The checkpointed run's class list (classes.json), if any."""
   if not holds_run(workdir):
     return None
   data = reporting.read_json(os.path.join(workdir, 'classes.json'))
@@ -93,10 +80,8 @@ def check_classes(workdir: str, stored, classes) -> None:
 
 
 def bind(workdir: str, config, *, classes, image_shape) -> None:
-  """Writes the run's config.json, classes.json (an image folder's) and
-  data.json (the images' (H, W, C)) from process 0, once every check has
-  passed; a checkpointed run's config.json and classes.json stay as they
-  are (`check_config` and `check_classes` found them equal)."""
+  """Writes config.json, classes.json and data.json (process 0) once every
+  check has passed; a checkpointed run's first two stay as they are."""
   if jax.process_index() != 0:
     return
   fresh = not holds_run(workdir)

@@ -1,15 +1,10 @@
 """Building and loading TFDS datasets, including Fashion-MNIST fully offline.
 
-TFDS's `fashion_mnist` normally downloads four gzipped IDX files and checks
-their SHA-256. Debian's package `dataset-fashion-mnist` ships the same
-compressed streams, but Debian rewrote the gzip headers (no original file name,
-a 2020 modification time), so the bytes differ and TFDS rejects them. The gzip
-header is metadata only: putting back the upstream FNAME and MTIME fields gives
-the byte-identical upstream files, which TFDS then accepts through
-`DownloadConfig(manual_dir=...)` with its checksum verification untouched.
-
-Everything here runs before training starts, so a missing dataset fails fast
-with an error that says how to fix it.
+Debian's `dataset-fashion-mnist` ships upstream's compressed streams with
+rewritten gzip headers; restoring the upstream FNAME and MTIME gives the
+byte-identical files, which TFDS accepts through `DownloadConfig(manual_dir)`
+with its checksums verified. A dataset that is neither prepared nor
+buildable fails before training with the fix (docs/input_pipeline.md).
 """
 
 from __future__ import annotations
@@ -27,11 +22,9 @@ from absl import logging
 from contrastive_jax import storage
 
 DEBIAN_FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
-FILE_FORMAT = 'array_record'
+FILE_FORMAT = 'array_record'   # Random access per record.
 
-# Upstream (zalandoresearch) gzip header fields of each file: the MTIME was
-# recovered by matching TFDS's registered SHA-256 of the upstream file; the
-# FNAME is the file name without `.gz`, as gzip(1) writes it.
+# Upstream gzip MTIMEs, recovered by matching TFDS's registered SHA-256.
 _FASHION_MNIST_MTIME = {
     'train-images-idx3-ubyte.gz': 1504176606,
     'train-labels-idx1-ubyte.gz': 1504176606,
@@ -43,12 +36,9 @@ _GZIP_MAGIC = b'\x1f\x8b'
 _FNAME = 0x08
 _FEXTRA, _FCOMMENT, _FHCRC = 0x04, 0x10, 0x02
 
-# Datasets we know how to build without network, and what to install for them.
 _OFFLINE_HINT = {
     'fashion_mnist': ('install the Debian package: apt-get install '
                       'dataset-fashion-mnist'),
-    # ImageNet is never downloaded by TFDS: it reads the two archives from
-    # <data_dir>/downloads/manual/.
     'imagenet2012': ('put ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar '
                      '(from image-net.org) into <data_dir>/downloads/manual/ '
                      'and run `tfds build imagenet2012 --file_format='
@@ -61,17 +51,8 @@ class DatasetUnavailableError(RuntimeError):
 
 
 def restore_gzip_header(data: bytes, *, fname: str, mtime: int) -> bytes:
-  """Returns `data` (a gzip file) with its FNAME and MTIME header fields set.
-
-  The compressed stream and trailer are kept byte for byte; only the 10-byte
-  fixed header gains the FNAME flag and MTIME, and the name follows it (RFC 1952
-  section 2.3).
-
-  Args:
-    data: a gzip file whose header has no FNAME, FEXTRA, FCOMMENT or FHCRC.
-    fname: original file name (latin-1), written zero-terminated.
-    mtime: modification time, seconds since the epoch.
-  """
+  """`data`, a gzip file with a bare 10-byte header, with FNAME (latin-1)
+  and MTIME set (RFC 1952 2.3); the stream and trailer are unchanged."""
   if data[:3] != _GZIP_MAGIC + b'\x08':
     raise ValueError('not a gzip (deflate) file: bad magic bytes.')
   flags = data[3]
@@ -86,24 +67,15 @@ def restore_gzip_header(data: bytes, *, fname: str, mtime: int) -> bytes:
 def prepare_fashion_mnist_manual_dir(
     manual_dir: str | os.PathLike,
     source_dir: str | os.PathLike = DEBIAN_FASHION_MNIST_DIR) -> pathlib.Path:
-  """Writes the upstream Fashion-MNIST files into `manual_dir` from Debian's.
-
-  Files already present are left alone (TFDS verifies their checksums anyway).
-
-  Returns:
-    The manual directory, ready for `tfds.download.DownloadConfig(manual_dir=)`.
-
-  Raises:
-    FileNotFoundError: a source file is missing.
-  """
+  """Writes the upstream Fashion-MNIST files into `manual_dir` from Debian's
+  (files already there are kept) and returns it."""
   manual_dir = pathlib.Path(manual_dir)
   manual_dir.mkdir(parents=True, exist_ok=True)
   for name, mtime in _FASHION_MNIST_MTIME.items():
     dst = manual_dir / name
     if dst.exists():
       continue
-    src = pathlib.Path(source_dir) / name
-    data = src.read_bytes()
+    data = (pathlib.Path(source_dir) / name).read_bytes()
     fixed = data if data[3] & _FNAME else restore_gzip_header(
         data, fname=name[:-len('.gz')], mtime=mtime)
     tmp = dst.with_suffix('.tmp')
@@ -112,15 +84,9 @@ def prepare_fashion_mnist_manual_dir(
   return manual_dir
 
 
-def _debian_files_present(source_dir: str | os.PathLike) -> bool:
-  return all((pathlib.Path(source_dir) / n).exists()
-             for n in _FASHION_MNIST_MTIME)
-
-
 def _tensorflow_on_cpu_only() -> None:
-  """Hides the GPUs, whose memory JAX holds, from TensorFlow before it first
-  runs (a no-op after). Called just before a TFDS build, the only thing in a
-  run that imports TensorFlow, so that failing fast imports none of it."""
+  """Hides the GPUs, whose memory JAX holds, from TensorFlow (before a TFDS
+  build, the only thing that imports it)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   try:
     tf.config.set_visible_devices([], 'GPU')
@@ -131,16 +97,10 @@ def _tensorflow_on_cpu_only() -> None:
 def get_builder(name: str, data_dir: str | None = None, *,
                 fashion_mnist_source: str | os.PathLike = (
                     DEBIAN_FASHION_MNIST_DIR)):
-  """Returns a prepared `tfds` builder for `name`, building it if needed.
-
-  Order of attempts: an already prepared copy in `data_dir`; for
-  `fashion_mnist`, an offline build from Debian's files (checksums verified by
-  TFDS); the normal TFDS download. If all fail, raises a
-  `DatasetUnavailableError` that names the dataset, the data_dir and the fix.
-  """
+  """A prepared `tfds` builder for `name`: a copy in `data_dir`, else (for
+  fashion_mnist) an offline build from Debian's files, else TFDS's download;
+  else a `DatasetUnavailableError` naming the fix."""
   try:
-    # ArrayRecord: random access per record (`tfds.data_source`), which the
-    # input pipeline needs to read any example of any global batch.
     builder = tfds.builder(name, data_dir=data_dir, file_format=FILE_FORMAT)
   except tfds.core.registered.DatasetNotFoundError as e:
     raise DatasetUnavailableError(
@@ -157,13 +117,11 @@ def get_builder(name: str, data_dir: str | None = None, *,
     return builder
 
   if (name == 'fashion_mnist' and not storage.is_remote(data_dir or '') and
-      _debian_files_present(fashion_mnist_source)):
-    # Several processes may start at once (test workers, a notebook next to a
-    # run): one builds, the others wait and find it prepared (a local lock
-    # file: an object store data_dir holds a copy prepared elsewhere).
+      all((pathlib.Path(fashion_mnist_source) / n).exists()
+          for n in _FASHION_MNIST_MTIME)):
+    # One process builds; others starting at once wait and find it prepared.
     with _build_lock(builder.data_dir_root, name):
-      # Anew: a builder made before another process prepared the data holds
-      # empty dataset info.
+      # Anew: a builder made before another process built holds empty info.
       builder = tfds.builder(name, data_dir=data_dir, file_format=FILE_FORMAT)
       if builder.is_prepared():
         return builder
@@ -184,8 +142,7 @@ def get_builder(name: str, data_dir: str | None = None, *,
         f'cannot be downloaded: {reason}. Fix: {hint}, or point '
         'config.dataset.data_dir at a prepared copy.')
 
-  # Without this probe, TFDS retries an unreachable host for minutes before
-  # failing; name resolution fails at once when there is no network.
+  # Else TFDS retries an unreachable host for minutes; DNS fails at once.
   if not _network_available():
     raise unavailable('no network (DNS lookup failed)')
   _tensorflow_on_cpu_only()

@@ -1,25 +1,12 @@
 """Global batches from any random-access source, each process reading its part.
 
-One path for training and evaluation, for every dataset (`sources.py`):
-
-* Training order is a pure function of (seed, step): epoch e uses the
-  permutation `default_rng([seed, e])` of the split, and step s takes the s-th
-  slice of it. Resuming at step s reproduces exactly the batches an
-  uninterrupted run would have seen, for any number of processes, with no
-  iterator state to checkpoint: the step in the checkpoint is the input
-  position.
-* Each process reads and decodes only its contiguous part of every global
-  batch (`process_slice`), and the parts land on the mesh as one global array
-  (`jax.make_array_from_process_local_data`), sharded along its first axis.
-* Host memory is bounded: at most `prefetch` local batches are in flight
-  (grain reads them ahead on threads while the devices train), independent of
-  the dataset's size, except for `ArrayDataset`, a source that holds a small
-  split in memory on purpose.
-
-Augmented views are made on the devices by `augment.augment_batch` (jitted in
-the train loop), not here: this module only moves uint8 images (with
-`config.dataset.train_crop_source='full_image'`, each view's random resized
-crop cut by the source from the full decoded image: `sources.RandomCrops`).
+Training order is a pure function of (seed, step): epoch e is the
+permutation `default_rng([seed, e])`, step s its s-th slice, so the step in a
+checkpoint is the whole input state. Each process reads only its contiguous
+part of every global batch (`process_slice`); the parts land on the mesh as
+one global array sharded along its first axis. At most `prefetch` host
+batches are in flight. Images stay uint8: views are augmented on the devices
+(`augment.augment_batch`). docs/input_pipeline.md.
 """
 
 from __future__ import annotations
@@ -31,8 +18,7 @@ import signal
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-# Imported with this module, as TFDS is in sources.py (which says why): grain
-# imports a dependency under etils' lazy-import context too.
+# Imported with this module, as TFDS is in sources.py (which says why).
 import grain
 import jax
 import numpy as np
@@ -41,13 +27,10 @@ from absl import logging
 
 @dataclasses.dataclass(frozen=True)
 class ArrayDataset:
-  """A split held in host memory: a source (see `sources.py`) of arrays.
+  """A split in host memory, a source (`sources.py`) of arrays.
 
-  The position of an example is its stable id (`index` in training batches).
-  `classes` names the class ids when the data has names (an image folder's
-  class list, a TFDS ClassLabel); without it the ids run to the largest
-  label. `skipped` maps the ids of records that could not be decoded (black
-  substitutes, see `sources.ImageFolder`) to what was wrong with them.
+  An example's position is its id. `classes` names the ids (else they run to
+  the largest label); `skipped`: ids of undecodable records -> why.
   """
   images: np.ndarray   # [M, H, W, C] uint8
   labels: np.ndarray   # [M] int32
@@ -123,7 +106,6 @@ class Subset:
     return len(self.indices)
 
   def with_threads(self, n: int) -> 'Subset':
-    """This subset of `source.with_threads(n)` (for decoding workers)."""
     return Subset(self.source.with_threads(n), self.indices)
 
   @property
@@ -153,11 +135,8 @@ def _permutation(seed: int, num_examples: int, epoch: int) -> np.ndarray:
 
 def process_slice(global_batch: np.ndarray, process_index: int,
                   process_count: int) -> np.ndarray:
-  """The contiguous part of a global batch that one process loads.
-
-  `jax.make_array_from_process_local_data` assembles the global array from
-  these parts in process order, so the global batch order is preserved.
-  """
+  """The contiguous part of a global batch that one process loads, in the
+  order `jax.make_array_from_process_local_data` assembles them."""
   per_proc = len(global_batch) // process_count
   return global_batch[process_index * per_proc:(process_index + 1) * per_proc]
 
@@ -168,8 +147,7 @@ def _to_mesh(host: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:
 
 
 AUTO = -1   # config.dataset.num_workers: choose from the host (`decoding`).
-# At most this many worker processes by default: each holds about one host
-# batch in flight, so a host of hundreds of cores would hold hundreds.
+# Each worker holds about one host batch in flight: bound them on huge hosts.
 MAX_AUTO_WORKERS = 32
 
 
@@ -186,8 +164,7 @@ def _cores() -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Decoding:
-  """Where a streamed split is decoded: `workers` processes (0: this
-  process) with `threads` decoding threads each, and why."""
+  """`workers` decoding processes (0: this process) x `threads`, and why."""
   workers: int
   threads: int
   why: str
@@ -203,18 +180,10 @@ def decoding(num_workers: int, *, cores: int | None = None,
              backend: str | None = None) -> Decoding:
   """Where to decode, from `config.dataset.num_workers` and the host.
 
-  AUTO (-1, the default): on a host whose devices are accelerators, one
-  worker process per core (at most `MAX_AUTO_WORKERS`), each decoding on
-  one thread: a process decodes
-  at its core's rate whatever the training process's own Python does,
-  where threads of the training process share its interpreter lock with
-  the loop and the transfers, and stop scaling with the cores when the
-  loop is busy (docs/input_pipeline.md has the measurements). On the CPU
-  backend the devices compute on the same cores, and the training
-  process's threads decode with no copy between processes: threads, one
-  per core (at most 16).
-  N > 0: N processes, sharing the cores (at least one thread each).
-  0: threads of the training process, one per core (at most 16).
+  AUTO (-1): with accelerators, one single-threaded worker process per core
+  (at most `MAX_AUTO_WORKERS`), free of the training loop's GIL; on the CPU
+  backend, threads of the training process (one per core, at most 16).
+  N > 0: N processes sharing the cores. 0: threads of the training process.
   """
   cores = cores or _cores()
   if num_workers > 0:
@@ -236,20 +205,15 @@ def decoding(num_workers: int, *, cores: int | None = None,
 
 @dataclasses.dataclass(frozen=True)
 class _HostBatch:
-  """step -> this process's part of the global batch (numpy), picklable.
-
-  Everything a decoding worker process needs and nothing more: no mesh, no
-  devices, so worker processes never start a JAX backend.
-  """
+  """step -> this process's part of the global batch (numpy); picklable,
+  with no mesh, so worker processes never start a JAX backend."""
   source: Any
   seed: int
   num_examples: int
   global_batch_size: int
   process_index: int
   process_count: int
-  # How the source makes each decoded image an array (sources.training_fit),
-  # set to the step; None: the source's plain read.
-  fit: Any = None
+  fit: Any = None   # sources.training_fit, taken at the step; None: plain.
 
   @property
   def steps_per_epoch(self) -> int:
@@ -261,8 +225,7 @@ class _HostBatch:
     return _permutation(self.seed, self.num_examples, epoch)[i * b:(i + 1) * b]
 
   def __call__(self, step: int) -> dict[str, Any]:
-    """The arrays, and under 'skipped' the batch's undecodable records (a
-    worker process reports them this way; see `sources.ImageFolder`)."""
+    """The arrays, and under 'skipped' the batch's undecodable records."""
     local = process_slice(self.global_indices(step), self.process_index,
                           self.process_count)
     batch = (self.source.read(local) if self.fit is None
@@ -276,21 +239,11 @@ class _HostBatch:
 class TrainBatches:
   """Global training batches as a pure function of the step.
 
-  Batches drop the remainder of each epoch so every batch is full (MoCo's queue
-  needs a constant batch size).
-
-  `num_workers` (`decoding`: -1 chooses from the host) > 0 decodes in
-  that many worker processes (grain's multiprocessing prefetch), each
-  reading whole host batches on its share of the cores' threads; 0 reads
-  in this process on the source's thread pool. Records a worker finds
-  undecodable reach this process's `source.skipped` with the batch. An
-  in-memory `ArrayDataset` always reads in this process (a gather, nothing
-  to decode).
-
-  `fit` (`sources.training_fit`) is how a decoding source makes each image
-  an array, taken at each step: `sources.RandomCrops` gives 'image' as
-  [B, V, H, W, C], one host-cut crop per view. None: the source's plain
-  read, [B, H, W, C].
+  Each epoch's remainder is dropped, so every batch is full (MoCo's queue
+  needs it). `num_workers` (`decoding`) > 0 decodes in worker processes,
+  whose undecodable records reach `source.skipped` with the batch; an
+  in-memory source reads in this process. `fit` (`sources.training_fit`):
+  `RandomCrops` gives 'image' [B, V, H, W, C]; None, [B, H, W, C].
   """
 
   def __init__(self, source, *, global_batch_size: int, seed: int,
@@ -315,12 +268,10 @@ class TrainBatches:
     self.num_workers = self.decoding.workers if self.decoding else 0
     if self.decoding:
       logging.info('Input: decoding %s.', self.decoding)
-    # What the workers decode with: a copy of the source with their share
-    # of the cores as threads (the training process's own keeps its pool).
+    # Workers decode with a copy on their share of the cores.
     reader = source
     if self.num_workers and hasattr(source, 'with_threads'):
       reader = source.with_threads(self.decoding.threads)
-    # step -> this process's part of batch `step` (numpy).
     self.host_batch = _HostBatch(reader, seed, num_examples,
                                  global_batch_size, jax.process_index(), nproc,
                                  fit)
@@ -331,8 +282,8 @@ class TrainBatches:
     return self.host_batch.global_indices(step)
 
   def __call__(self, step: int) -> dict[str, jax.Array]:
-    """Returns {'image': [B,H,W,C] uint8 ([B,V,H,W,C] with host crops),
-    'label': [B], 'index': [B]}."""
+    """{'image': [B,H,W,C] uint8 ([B,V,H,W,C] with host crops), 'label',
+    'index': [B]}."""
     return self._on_mesh(self.host_batch(step))
 
   def _on_mesh(self, host: dict[str, Any]) -> dict[str, jax.Array]:
@@ -344,21 +295,15 @@ class TrainBatches:
 
   def iterate(self, start_step: int, stop_step: int
               ) -> Iterator[dict[str, jax.Array]]:
-    """Batches start_step..stop_step-1, read `prefetch` steps ahead; close
-    the generator to stop early.
-
-    grain reads the host batches in order, on threads or in `num_workers`
-    processes; each is a pure function of its step, so where the iteration
-    starts is the whole input state.
-    """
+    """Batches start_step..stop_step-1, read `prefetch` steps ahead (on
+    threads or in worker processes); close the generator to stop early."""
     if stop_step <= start_step:
       return
     ds = grain.MapDataset.range(start_step, stop_step).map(self.host_batch)
     if self.num_workers:
       from absl import flags  # pylint: disable=g-import-not-at-top
       if not flags.FLAGS.is_parsed():
-        # grain's workers read its absl flags; outside an absl app (a
-        # notebook, a test) their defaults are the values to use.
+        # grain's workers read its absl flags: outside an absl app, defaults.
         flags.FLAGS.mark_as_parsed()
       it = ds.to_iter_dataset().mp_prefetch(grain.MultiprocessingOptions(
           num_workers=self.num_workers,
@@ -372,15 +317,12 @@ class TrainBatches:
       for host in iterator:
         yield self._on_mesh(host)
     finally:
-      # Stopped early (a preemption, Ctrl-C, an error) or done: the workers
-      # stop and the batches in flight release their shared memory.
-      iterator.close()
+      iterator.close()   # Workers stop; in-flight shared memory is freed.
 
 
 def _ignore_sigint(worker_index: int, worker_count: int) -> None:
-  """A decoding worker's start: Ctrl-C, which a terminal sends to the whole
-  process group, is the training process's to handle (it saves the step
-  reached, then stops the workers), not a worker's to die of."""
+  """Ctrl-C is the training process's to handle (it saves, then stops the
+  workers), not a decoding worker's to die of."""
   del worker_index, worker_count
   signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -389,11 +331,8 @@ def eval_batches(source, *, batch_size: int, sharding: jax.sharding.Sharding
                  ) -> Iterator[dict[str, jax.Array]]:
   """The whole split once, in order: {'image', 'label', 'mask'} on the mesh.
 
-  Every process yields the same number of global batches; the last one is
-  zero-padded to `batch_size` with `mask` False, so one compiled function
-  serves every batch. Each process reads only its contiguous part of each.
-  Records the source could not decode (`source.skipped`, known once read)
-  are masked too: no score counts their black substitutes.
+  The last batch is zero-padded with `mask` False (one compiled shape);
+  undecodable records (`source.skipped`) are masked too.
   """
   n = len(source)
   nproc, pid = jax.process_count(), jax.process_index()
@@ -415,68 +354,3 @@ def eval_batches(source, *, batch_size: int, sharding: jax.sharding.Sharding
         'mask': valid,
     }
     yield _to_mesh(host, sharding)
-
-
-def _union_over_processes(ids: np.ndarray) -> np.ndarray:
-  """The sorted union of every process's `ids` (int32), on every process."""
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  counts = multihost_utils.process_allgather(np.asarray([len(ids)], np.int32))
-  width = int(np.max(counts))
-  if not width:
-    return np.zeros((0,), np.int32)
-  # A power of two: a handful of shapes (each compiles once) as counts grow.
-  padded = np.full((1 << (width - 1).bit_length(),), -1, np.int32)
-  padded[:len(ids)] = ids
-  every = np.asarray(multihost_utils.process_allgather(padded))
-  return np.unique(every[every >= 0])
-
-
-def sync_skipped(source) -> dict[int, str]:
-  """The undecodable records of `source` found by any process so far.
-
-  A streamed split's records are found by the process that reads them; the
-  others decode the ids they lack themselves (a bad file fails again, and is
-  recorded with its name), so every process returns the same ids. A
-  collective with several processes: call it on all at the same point.
-  """
-  if jax.process_count() == 1:
-    return dict(source.skipped)
-  ids = _union_over_processes(np.fromiter(source.skipped, np.int32))
-  missing = [int(i) for i in ids if int(i) not in source.skipped]
-  if missing:
-    source.read(missing)
-  return {int(i): source.skipped.get(
-      int(i), f'record {i} (undecodable on another process only)')
-          for i in ids}
-
-
-def scan(source, chunk: int = 1024) -> dict[int, str]:
-  """Decodes every record of `source` once (each process a share) and
-  returns `sync_skipped`: every undecodable record, before any training."""
-  share = np.array_split(np.arange(len(source)),
-                         jax.process_count())[jax.process_index()]
-  for start in range(0, len(share), chunk):
-    source.read(share[start:start + chunk])
-  return sync_skipped(source)
-
-
-def check_same_on_every_process(what: str, digest: bytes) -> None:
-  """Raises on every process when the processes' `digest`s of `what` differ.
-
-  Each process lists and labels the files itself: one that sees another
-  version of the data (a lagging network file system, another data_dir)
-  would train with other ids for the same examples.
-  """
-  if jax.process_count() == 1:
-    return
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  mine = np.frombuffer(digest[:16], np.int32)
-  every = np.asarray(multihost_utils.process_allgather(mine))
-  differ = [p for p in range(len(every))
-            if not np.array_equal(every[p], every[0])]
-  if differ:
-    raise ValueError(
-        f'{what} differs between processes ({differ} against 0): every '
-        'process must read the same files with the same class list; check '
-        'that config.dataset.data_dir is the same complete copy on every '
-        'host.')

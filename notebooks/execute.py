@@ -17,6 +17,11 @@ under contrastive_jax/, input_pipeline/ and configs/. The tests
 when the committed outputs came from other code: after any change there, run
 this script and commit the notebooks it writes.
 
+Checks. Each notebook runs with one extra cell that prints its main
+variables; notebooks/checks.py checks them against independent values and
+nothing is written unless they pass. The variables are recorded in the
+metadata (`contrastive_jax.checked`), where the tests check them again.
+
 `02_train` trains into `workdir/notebook/` (its default `WORKDIR`), which is
 removed first when 02_train is run here, so that the run starts from step 0
 with the current code rather than resuming an older checkpoint.
@@ -30,9 +35,16 @@ import shutil
 import subprocess
 import sys
 
+import json
+
 import jupytext
 import nbclient
 import nbformat
+
+# checks.py beside this file; the library it checks against from the root.
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+import checks  # noqa: E402  (notebooks/checks.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -124,6 +136,28 @@ def execute(name: str, *, extra_cells: tuple[str, ...] = (),
   return nb
 
 
+def recorded_variables(name: str) -> dict:
+  """The checked variables the committed notebooks/<name>.ipynb records."""
+  nb = nbformat.read(os.path.join(HERE, name + '.ipynb'), 4)
+  return nb.metadata.get('contrastive_jax', {}).get('checked', {})
+
+
+def execute_and_check(name: str, read: dict | None = None,
+                      env: dict[str, str] | None = None):
+  """Executes notebook `name` with its dump cell, removes that cell and runs
+  its checks (`checks.CHECKS`) on the printed variables and on the run's
+  workdir; returns (notebook, variables). `read`: the variables of the
+  notebook it restores (checks.READS)."""
+  nb = execute(name, extra_cells=(checks.dump_cell(name),), env=env)
+  dump = nb.cells.pop()
+  text = ''.join(o.get('text', '') for o in dump.outputs)
+  variables = json.loads(text.split('JSON:', 1)[1])
+  workdir = (env or {}).get('NOTEBOOK_WORKDIR') or os.environ.get(
+      'NOTEBOOK_WORKDIR', WORKDIR)
+  checks.CHECKS[name](nb, variables, workdir=workdir, read=read)
+  return nb, variables
+
+
 def _as_displayed(nb: nbformat.NotebookNode) -> None:
   """Stream outputs as Jupyter shows them: consecutive ones of a stream
   merged, each line only what follows its last carriage return (a progress
@@ -159,15 +193,23 @@ def main(names) -> None:
     print(f'removing {os.path.relpath(WORKDIR)} (02_train trains from step 0)',
           flush=True)
     shutil.rmtree(WORKDIR, ignore_errors=True)
+  done = {}
   for name in names:
     print(f'executing notebooks/{name}.py', flush=True)
     before = code_hash(name)
-    nb = execute(name)
+    reads = checks.READS.get(name)
+    read = (done.get(reads) or recorded_variables(reads)) if reads else None
+    try:
+      nb, done[name] = execute_and_check(name, read)
+    except AssertionError as e:
+      raise SystemExit(f'notebooks/{name}.py ran but failed its check in '
+                       f'notebooks/checks.py ({e!r}); nothing written.') from e
     if code_hash(name) != before:
       raise SystemExit(f'the code changed while notebooks/{name}.py ran; '
                        f'nothing written: run {COMMAND} {name} again.')
     _as_displayed(nb)
-    nb.metadata['contrastive_jax'] = {'code_sha256': before}
+    nb.metadata['contrastive_jax'] = {'code_sha256': before,
+                                      'checked': done[name]}
     # Outputs kept; the pairing metadata lets `jupytext --sync` update either.
     jupytext.write(nb, os.path.join(HERE, name + '.ipynb'))
     print(f'  wrote notebooks/{name}.ipynb', flush=True)

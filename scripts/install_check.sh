@@ -45,8 +45,7 @@ assert 'ntxent' in contrastive_jax.losses.LOSSES
 assert md.version('contrastive_jax') == contrastive_jax.__version__
 
 want = {'contrastive-jax-train': 'contrastive_jax.cli:train',
-        'contrastive-jax-eval': 'contrastive_jax.cli:evaluate',
-        'contrastive-jax-study': 'contrastive_jax.cli:study'}
+        'contrastive-jax-eval': 'contrastive_jax.cli:evaluate'}
 eps = {ep.name: ep for ep in md.entry_points(group='console_scripts')
        if ep.name.startswith('contrastive-jax')}
 assert {n: ep.value for n, ep in eps.items()} == want, eps
@@ -61,9 +60,6 @@ for name in ('contrastive-jax-train', 'contrastive-jax-eval'):
   out = subprocess.run([os.path.join(bindir, name), '--helpfull'],
                        capture_output=True, text=True, timeout=120)
   assert '--workdir' in out.stdout, out.stderr[-2000:]   # absl exits 1 on help.
-out = subprocess.run([os.path.join(bindir, 'contrastive-jax-study'), '--plan'],
-                     capture_output=True, text=True, timeout=120)
-assert out.returncode != 0 and 'from a checkout' in out.stderr, out.stderr
 print('console scripts run:', ', '.join(sorted(eps)))
 print(f'install check passed: contrastive_jax {md.version("contrastive_jax")}'
       f' imported from {root}')

@@ -5,7 +5,12 @@ here, in the first file pytest imports.
 """
 import os
 
-os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+_DEVICES = '--xla_force_host_platform_device_count=8'
+# An XLA_FLAGS of the caller's keeps its flags and gains the device count; one
+# that sets another count is refused below, before any test runs.
+if 'xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS', ''):
+  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' +
+                             _DEVICES).strip()
 # JAX's persistent compilation cache: one directory per pytest run, made by
 # the first process that imports this file (pytest itself; its xdist workers
 # inherit the variable, and so do the main.py runs and notebook kernels the
@@ -43,6 +48,14 @@ from contrastive_jax import runtime  # noqa: E402
 # starts (runtime.size_cpu_thread_pools: with XLA's own size, collectives
 # over many virtual devices on few cores can deadlock).
 runtime.size_cpu_thread_pools()
+
+# The 1-vs-8-device tests skip only on an accelerator host (one GPU); on the
+# CPU, fewer than 8 devices means an XLA_FLAGS that overrides the count.
+if jax.default_backend() == 'cpu' and jax.device_count() != 8:
+  import pytest  # noqa: E402
+  pytest.exit(f"the tests need 8 CPU devices; XLA_FLAGS={os.environ['XLA_FLAGS']!r} "
+              f'gives {jax.device_count()}: unset it or set {_DEVICES}.',
+              returncode=4)
 
 # Tests compare against float64 numpy references; enabling x64 here would
 # change the dtypes under test, so losses are checked in float32 to 1e-5.

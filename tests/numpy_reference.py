@@ -328,10 +328,10 @@ def grads_with_fd_check(fn, *args, argnum=0, eps=1e-3, seed=0):
   analytic = float(np.sum(np.asarray(grads[argnum]) * direction))
   # Each float32 loss value carries a rounding error of up to f32_rtol() |L|;
   # the quotient divides the difference of two of them by 2 eps, so atol =
-  # f32_rtol() |L| / eps. (A fixed 1e-3 was below what 1 ulp of an InsDis
-  # loss of ~120, 7.6e-6, gives: 3.8e-3.) rtol 1e-2 covers the O(eps^2)
-  # truncation and the float32 rounding of the step x +- eps d. A wrong sign,
-  # a missing term or a factor of 2 in a gradient larger than atol fails.
+  # f32_rtol() |L| / eps (an InsDis loss of ~120 makes that 3.8e-3). rtol
+  # 1e-2 covers the O(eps^2) truncation and the float32 rounding of the step
+  # x +- eps d. A wrong sign, a missing term or a factor of 2 in a gradient
+  # larger than atol fails.
   np.testing.assert_allclose(
       analytic, numeric, rtol=1e-2,
       atol=f32_rtol() * max(abs(plus), abs(minus)) / eps)

@@ -47,8 +47,7 @@ def num_grad(f, x, eps=1e-6):
 
 
 # ----------------------------------------------------------------------- CACR
-def cacr_in_batch(z, *, t_pos=1.0, t_neg=2.0, cost='euclidean', rbf_t=2.0,
-                  negatives='cross_view', wz_pos=None, wz_neg=None):
+def cacr_in_batch(z, *, t_pos=1.0, t_neg=2.0, wz_pos=None, wz_neg=None):
   """CACR, in-batch regime (paper Sec. 3.2, released small-scale code); z: [N, V, D].
 
   wz_pos / wz_neg: embeddings used only inside the pi+ / pi- weights (freeze
@@ -69,10 +68,7 @@ def cacr_in_batch(z, *, t_pos=1.0, t_neg=2.0, cost='euclidean', rbf_t=2.0,
       h_pos += entropy(softmax(t_pos * c))
   ca /= n * v
   h_pos /= n * v
-  if negatives == 'cross_view':
-    pairs = [(a, b) for a in range(v) for b in range(a + 1, v)]
-  else:
-    pairs = [(a, a) for a in range(v)]
+  pairs = [(a, b) for a in range(v) for b in range(a + 1, v)]   # cross-view
   cr, h_neg = 0., 0.
   for a, b in pairs:
     acc = 0.
@@ -82,31 +78,26 @@ def cacr_in_batch(z, *, t_pos=1.0, t_neg=2.0, cost='euclidean', rbf_t=2.0,
       cw = np.array([sqdist(wn[i, a], wn[j, b]) for j in js])
       w = softmax(-t_neg * cw)
       h_neg += entropy(softmax(-t_neg * c))
-      if cost == 'euclidean':
-        acc += -np.sum(w * c)
-      else:
-        acc += np.sum(w * np.exp(-rbf_t * c))
-    cr += acc / n if cost == 'euclidean' else np.log(acc / n)
+      acc += -np.sum(w * c)
+    cr += acc / n
   cr /= len(pairs)
   h_neg /= n * len(pairs)
   return ca + cr, {'ca': ca, 'cr': cr, 'pos_entropy': h_pos,
                    'neg_entropy': h_neg}
 
 
-def cacr_moco(z, key, queue, *, t_pos=1.0, t_neg=2.0, cost='euclidean',
-              rbf_t=2.0, intra_batch=True, wz_pos=None, wz_neg=None,
-              wz_neg_queue=None):
+def cacr_moco(z, key, queue, *, t_pos=1.0, t_neg=2.0, intra_batch=True,
+              wz_pos=None, wz_neg=None):
   """CACR, MoCo-v2 regime (paper App. C.2, Algorithm 3).
 
-  wz_pos: queries used inside pi+; wz_neg: queries used inside pi- for the
-  in-batch part; wz_neg_queue: queries used inside pi- for the queue part.
+  wz_pos: queries used inside pi+; wz_neg: queries used inside pi- (both
+  the queue and the in-batch part).
   """
   q = normalize(z)
   k = normalize(key)
   qu = None if queue is None else normalize(queue)
   wp = q if wz_pos is None else normalize(wz_pos)
   wn = q if wz_neg is None else normalize(wz_neg)
-  wq = wn if wz_neg_queue is None else normalize(wz_neg_queue)
   n, v, _ = q.shape
   ca, h_pos, h_neg = 0., 0., 0.
   cr_views = []
@@ -122,7 +113,7 @@ def cacr_moco(z, key, queue, *, t_pos=1.0, t_neg=2.0, cost='euclidean',
       if qu is not None:
         for m in range(len(qu)):
           costs.append(sqdist(q[i, a], qu[m]))
-          wcosts.append(sqdist(wq[i, a], qu[m]))
+          wcosts.append(sqdist(wn[i, a], qu[m]))
       if intra_batch:
         for j in range(n):
           if j != i:
@@ -131,11 +122,8 @@ def cacr_moco(z, key, queue, *, t_pos=1.0, t_neg=2.0, cost='euclidean',
       costs = np.array(costs)
       w = softmax(-t_neg * np.array(wcosts))
       h_neg += entropy(softmax(-t_neg * costs))
-      if cost == 'euclidean':
-        acc += -np.sum(w * costs)
-      else:
-        acc += np.sum(w * np.exp(-rbf_t * costs))
-    cr_views.append(acc / n if cost == 'euclidean' else np.log(acc / n))
+      acc += -np.sum(w * costs)
+    cr_views.append(acc / n)
   ca /= n * v
   cr = float(np.mean(cr_views))
   return ca + cr, {'ca': ca, 'cr': cr, 'pos_entropy': h_pos / (n * v),
@@ -177,8 +165,8 @@ def macl_tau(z, *, temperature=0.1, variant='a', alpha=2.0, beta=0.5):
 
 
 def macl(z, *, temperature=0.1, variant='a', alpha=2.0, beta=0.5,
-         layout='cross_view', reweight=True, freeze=None):
-  """MACL Eq. 14 (or Eq. 10 if not reweight) with the Eq. 8/9 temperature.
+         layout='cross_view', freeze=None):
+  """MACL Eq. 14 with the Eq. 8/9 temperature.
 
   freeze: embeddings at which tau' and W are evaluated (emulates their
   stop-gradients); default z (no freezing).
@@ -195,7 +183,7 @@ def macl(z, *, temperature=0.1, variant='a', alpha=2.0, beta=0.5,
     pf = np.exp(pos_f / tau) / (np.exp(pos_f / tau)
                                 + np.sum(np.exp(negs_f / tau)))
     w_i = 1. - pf
-    total += -np.log(p_pos) / w_i if reweight else -np.log(p_pos)
+    total += -np.log(p_pos) / w_i
     count += 1
   return total / count
 
@@ -252,20 +240,3 @@ def infonce(query, positive, negatives, *, temperature):
                         / temperature))
     vals.append(-np.log(pos / (pos + neg)))
   return float(np.mean(vals))
-
-
-def stress_inputs(kind, shape, seed=9):
-  """Hard inputs for finiteness tests: 'aligned' (all nearly one direction),
-  'duplicates' (every view of an instance equal, instances 0 and 1 equal), or
-  plain random otherwise (callers cast that to bfloat16 for 'bf16')."""
-  rng = np.random.default_rng(seed)
-  n, v, d = shape
-  if kind == 'aligned':
-    x = 1e-3 * rng.normal(size=shape)
-    x[..., 0] += 1.
-  elif kind == 'duplicates':
-    x = np.repeat(rng.normal(size=(n, 1, d)), v, axis=1)
-    x[1] = x[0]
-  else:
-    x = rng.normal(size=shape)
-  return x

@@ -1,25 +1,14 @@
 """Each method config's first train steps, pinned across refactors.
 
 `python tests/pinned_steps.py` (from the repository root) runs 3 steps of
-every configs/*.py method config, narrowed to a tiny model and data (and SGD,
-see `tiny`) but with its method, loss, hyperparameters and views kept, on 8
-virtual CPU devices, through the real augmentation and jitted step, and
-writes the per-step loss and grad norm and checksums of every part of the
-final train state to tests/pinned_steps.json. tests/test_method_configs.py
-reruns it and compares against the committed file.
-
-The committed values were made at commit 8c475bd: this script's version there
-(written against the code before the method registry, issue 12, which it
-calls) run on that code. The registry reproduces all 264 values bit for bit
-on the machine that made them. A change meant to alter a number regenerates
-the file and says so in its commit.
-
-'base' carries the entry configs/default.py had before the default took a
-recipe chosen on a validation split (configs/base.py was the default then);
-'default' is today's configs/default.py (the pooled encoder output at tau
-0.2), made with this script when that config changed. Its losses equal
-'simclr''s to float32 rounding: tiny() replaces the optimizer and the lr, and
-the pooled encoder output is the average simclr.py's head reads.
+every configs/*.py method config, narrowed to a tiny model, data and SGD
+(`tiny`) with its method, loss, hyperparameters and views kept, on 8 virtual
+CPU devices through the real augmentation and jitted step, and writes the
+per-step loss and grad norm and checksums of the final train state to
+tests/pinned_steps.json, which tests/test_method_configs.py compares against.
+A change meant to alter a number regenerates the file and says so. 'base'
+pins configs/base.py's defaults; 'default' (configs/default.py) equals
+'simclr' to float32 rounding.
 """
 
 import importlib

@@ -89,19 +89,27 @@ def test_sharded_sampler_reads_the_named_rows_locally():
   assert len({tuple(r) for r in np.asarray(want)}) == b
 
 
-def test_one_device_is_plain_uniform_sampling():
-  n_data, b, k = 203, 8, 12
-  key = jax.random.key(3)
-  plain = np.asarray(jax.random.randint(jax.random.fold_in(key, 0), (b, k),
-                                        0, n_data))
-  np.testing.assert_array_equal(memory_bank.bank_noise_indices(
-      key, batch=b, num_negatives=k, num_examples=n_data, num_rows=203),
-                                plain)
+def test_one_device_draws_uniformly_over_the_data_rows():
+  # One shard (no mesh, or a 1-device mesh): every draw is a data row, the
+  # rows read are the ones the ids name, and over many keys each of the N
+  # rows is drawn equally often (chi-square), instances independently.
+  from scipy import stats
+  n_data, b, k, keys = 203, 8, 12, 200
+  ids = np.stack([np.asarray(memory_bank.bank_noise_indices(
+      jax.random.key(s), batch=b, num_negatives=k, num_examples=n_data,
+      num_rows=n_data)) for s in range(keys)])               # [keys, B, K]
+  assert ids.min() >= 0 and ids.max() < n_data
+  counts = np.bincount(ids.ravel(), minlength=n_data)
+  assert stats.chisquare(counts).pvalue > 1e-3
+  # Instances get different rows (no shared sample): a pair of instances
+  # agrees on about K / N of its positions.
+  assert np.mean(ids[:, 0] == ids[:, 1]) < 5 / n_data
   mesh1 = runtime.create_mesh(jax.devices()[:1])
   bank = _id_bank(n_data, mesh1)
   for mesh in (None, mesh1):
     sampler = _sampler(mesh, batch=b, k=k, n_data=n_data)
-    np.testing.assert_array_equal(_drawn_ids(sampler, bank, key), plain)
+    np.testing.assert_array_equal(_drawn_ids(sampler, bank,
+                                             jax.random.key(3)), ids[3])
 
 
 # --- (b) padding and strata ------------------------------------------------
@@ -215,8 +223,8 @@ def test_insdis_step_loss_equals_the_loss_by_hand(monkeypatch):
   rng = np.random.default_rng(0)
   data = NamedSharding(mesh, P('data'))
   index = rng.permutation(n_data)[:B].astype(np.int32)
-  batch = {'views': (jax.device_put(
-      rng.random((B, 1, HW, HW, 1), np.float32), data),),
+  batch = {'views': jax.device_put(
+      rng.random((B, 1, HW, HW, 1), np.float32), data),
            'label': jax.device_put(np.zeros(B, np.int32), data),
            'index': jax.device_put(index, data)}
   base = jax.random.key(3)

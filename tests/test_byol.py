@@ -84,7 +84,7 @@ def test_step_regresses_online_predictions_on_the_ema_target():
   rng = np.random.default_rng(1)
   views = rng.random((B, 2, HW, HW, 1)).astype(np.float32)
   sharded = NamedSharding(mesh, P('data'))
-  batch = {'views': (jax.device_put(views, sharded),),
+  batch = {'views': jax.device_put(views, sharded),
            'label': jax.device_put(np.zeros(B, np.int32), sharded),
            'index': jax.device_put(np.arange(B, dtype=np.int32), sharded)}
   new, metrics = setup.step_fn(state, batch, jax.random.key(2))

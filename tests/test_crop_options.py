@@ -330,14 +330,14 @@ def test_host_cropped_views_skip_the_device_crop_and_keep_the_other_draws():
   images = rng.integers(0, 256, (4, 3, 12, 12, 3)).astype(np.uint8)
   views = augment.build_views('simclr', 3)
   key = jax.random.key(7)
-  got = augment.augment_views(key, images, views, host_cropped=True)
+  got = augment.augment_batch(key, images, views, host_cropped=True)
   uncropped = [augment.ViewConfig(**{**v.__dict__, 'crop_scale': None})
                for v in views]
   for v in range(3):
-    want = augment.augment_views(key, images[:, v], uncropped)[v]
-    np.testing.assert_allclose(got[v], want, atol=1e-6)
+    want = augment.augment_batch(key, images[:, v], uncropped)[:, v]
+    np.testing.assert_allclose(got[:, v], want, atol=1e-6)
   with pytest.raises(ValueError, match='host-cropped'):
-    augment.augment_views(key, images[:, 0], views, host_cropped=True)
+    augment.augment_batch(key, images[:, 0], views, host_cropped=True)
 
 
 def _luma(x):

@@ -64,7 +64,7 @@ def _insdis_prepared():
   setup = _build(c)
   state = setup.init_fn(jax.random.key(0))
   rng = np.random.default_rng(0)
-  batch = {'views': (rng.random((B, 1, HW, HW, 1), np.float32),),
+  batch = {'views': rng.random((B, 1, HW, HW, 1), np.float32),
            'label': np.zeros(B, np.int32),
            'index': rng.permutation(N_DATA)[:B].astype(np.int32)}
   prepared = jax.jit(functools.partial(setup.method.prepare, model=setup.model,

@@ -86,8 +86,6 @@ def test_logs_the_class_counts(caplog):
   assert '[0, 0, 0, 0, 0, 1, 4, 13, 36, 100]' in caplog.text
 
 
-def test_unknown_rule_and_levels():
+def test_unknown_rule():
   with pytest.raises(ValueError, match='unknown imbalance rule'):
     imbalance.imbalanced_subset(_balanced(10, 10), rule='step')
-  with pytest.raises(ValueError, match='num_levels'):
-    imbalance.kept_counts([10, 10], rule='linear', num_levels=3)

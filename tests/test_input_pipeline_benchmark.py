@@ -34,7 +34,7 @@ def test_ours_builds_as_train_does(tmp_path):
   assert ours.config.dataset.train_crop_source == 'full_image'
   assert isinstance(ours.fit, sources.RandomCrops)
   out = ours.augment_fn(1, ours.batches(1)['image'])
-  assert len(out) == 1 and out[0].shape == (8, 2, 32, 32, 3)
+  assert out.shape == (8, 2, 32, 32, 3)
   square = bench.Ours(root, batch=8, image_size=32, preset='simclr',
                       num_views=2)
   assert square.fit is None and square.batch_shape == (8, 32, 32, 3)

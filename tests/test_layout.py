@@ -3,6 +3,7 @@ no side effects on import, every evaluator type registered and defaulted."""
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 
@@ -39,10 +40,9 @@ def _imports(name: str, path: str, modules) -> set[str]:
   return {d for d in deps if d in modules and d != name}
 
 
-def test_no_module_imports_one_that_imports_it_back():
-  modules = _modules()
-  graph = {m: _imports(m, p, modules) for m, p in modules.items()}
-
+def _circles(graph: dict[str, set[str]]) -> list[str]:
+  """The modules of `graph` (module -> the modules it imports) that reach
+  themselves through one or more imports."""
   def reachable(start):
     seen, todo = set(), [start]
     while todo:
@@ -52,17 +52,30 @@ def test_no_module_imports_one_that_imports_it_back():
           todo.append(dep)
     return seen
 
-  circles = sorted(m for m in graph if m in reachable(m))
+  return sorted(m for m in graph if m in reachable(m))
+
+
+def test_no_module_imports_one_that_imports_it_back():
+  modules = _modules()
+  circles = _circles({m: _imports(m, p, modules) for m, p in modules.items()})
   assert not circles, f'modules on an import circle: {circles}'
 
 
 def test_the_checker_finds_a_circle(tmp_path):
-  # The same walk on two modules that import each other lazily.
-  (tmp_path / 'a.py').write_text('def f():\n  from pkg import b\n')
-  (tmp_path / 'b.py').write_text('from pkg import a\n')
-  modules = {'pkg.a': str(tmp_path / 'a.py'), 'pkg.b': str(tmp_path / 'b.py')}
+  # The same walk on modules that import each other lazily: a -> b -> a, and
+  # c -> d -> e -> c. `_imports` drops a module's import of itself, so only
+  # a search that follows imports past the first one finds these circles.
+  files = {'a': 'def f():\n  from pkg import b\n', 'b': 'from pkg import a\n',
+           'c': 'import pkg.d\n', 'd': 'from pkg import e\n',
+           'e': 'from pkg import c\n', 'f': 'from pkg import a\n'}
+  modules = {}
+  for name, text in files.items():
+    (tmp_path / f'{name}.py').write_text(text)
+    modules[f'pkg.{name}'] = str(tmp_path / f'{name}.py')
   assert _imports('pkg.a', modules['pkg.a'], modules) == {'pkg.b'}
   assert _imports('pkg.b', modules['pkg.b'], modules) == {'pkg.a'}
+  graph = {m: _imports(m, p, modules) for m, p in modules.items()}
+  assert _circles(graph) == ['pkg.a', 'pkg.b', 'pkg.c', 'pkg.d', 'pkg.e']
 
 
 def test_the_training_loop_reads_in_one_screen():
@@ -98,6 +111,18 @@ def test_every_evaluator_type_is_registered_with_its_defaults():
       'knn': ('knn', 0), 'linear': ('logreg', 0), 'online_knn': ('knn', 200)}
 
 
+def test_every_method_module_is_registered_and_unknown_names_are_refused():
+  import pkgutil
+  from contrastive_jax import methods
+  modules = {m.name for m in pkgutil.iter_modules(methods.__path__)}
+  assert set(methods.METHODS) == modules - {'base'}
+  for name, cls in methods.METHODS.items():
+    assert cls.__module__ == f'contrastive_jax.methods.{name}'
+  with pytest.raises(ValueError, match="unknown method 'simclr'.*byol, "
+                     'in_batch, memory_bank, moco'):
+    methods.get('simclr')
+
+
 def test_a_saved_config_takes_the_defaults_and_names_renamed_options():
   from configs import base
   from contrastive_jax import config_lib
@@ -111,6 +136,54 @@ def test_a_saved_config_takes_the_defaults_and_names_renamed_options():
   saved['optimizer']['clip_llr'] = True       # a typo
   with pytest.raises(ValueError, match='clip_llr is not an option'):
     config_lib.with_defaults(saved)
+
+
+def test_a_saved_config_with_a_removed_option_loads_at_its_kept_value():
+  # A run's config.json from before an option was removed still evaluates
+  # when it held the value the code kept; another value is refused.
+  from configs import base
+  from contrastive_jax import config_lib
+  saved = base.get_config().to_dict()
+  saved['dataset']['imbalance_levels'] = 0
+  saved['online']['classifier_learning_rate'] = 1e-3
+  loaded = config_lib.with_defaults(saved)
+  assert 'imbalance_levels' not in loaded.dataset
+  assert 'classifier_learning_rate' not in loaded.online
+  saved['dataset']['imbalance_levels'] = 4
+  with pytest.raises(ValueError, match='imbalance_levels=4 is no longer an'):
+    config_lib.with_defaults(saved)
+
+
+def test_the_library_imports_neither_benchmarks_nor_studies():
+  # The research record and the speed benchmarks sit on top of the library;
+  # nothing in contrastive_jax/ or input_pipeline/ imports them.
+  found = []
+  for top in ('contrastive_jax', 'input_pipeline'):
+    for folder, _, files in os.walk(os.path.join(ROOT, top)):
+      for f in files:
+        if not f.endswith('.py'):
+          continue
+        for node in ast.walk(ast.parse(open(os.path.join(folder, f)).read())):
+          names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                   else [node.module or ''] if isinstance(node, ast.ImportFrom)
+                   else [])
+          found += [f'{f}: {n}' for n in names
+                    if n.split('.')[0] in ('benchmarks', 'studies')]
+  assert not found, found
+
+
+def test_the_tests_refuse_fewer_than_8_cpu_devices(tmp_path):
+  # An XLA_FLAGS that sets another device count stops the run before any
+  # test (conftest), rather than skipping the 1-vs-8-device tests.
+  (tmp_path / 'test_one.py').write_text('def test_x():\n  pass\n')
+  shutil.copy(os.path.join(ROOT, 'tests', 'conftest.py'), tmp_path)
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2',
+             PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
+  out = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p',
+                        'no:cacheprovider', str(tmp_path)], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 4, out.stdout[-2000:] + out.stderr[-2000:]
+  assert 'the tests need 8 CPU devices' in out.stdout + out.stderr
 
 
 def test_no_file_refers_to_a_path_outside_the_repository():

@@ -59,6 +59,17 @@ CFG = linear_eval.LinearEvalConfig(
     view=augment.ViewConfig(crop_scale=None, flip_p=1.0))
 
 
+def _np_grads(xb, yb, w, b, smoothing=0.):
+  """(cross-entropy, dW, db) of softmax(xb w + b) against the one-hot yb
+  (the loss unsmoothed), targets smoothed to (1 - a) one_hot + a / C."""
+  logits = xb @ w + b
+  p = np.exp(logits - logits.max(1, keepdims=True))
+  p /= p.sum(1, keepdims=True)
+  loss = -np.mean(np.log(p[np.arange(len(yb)), yb]))
+  resid = (p - ((1 - smoothing) * np.eye(C)[yb] + smoothing / C)) / len(yb)
+  return loss, xb.T @ resid, resid.sum(0)
+
+
 def _numpy_reference(train, test, cfg, train_features=None,
                      eval_features=None, lr_of_epoch=None, start=None):
   """The SGD loop; `train_features` / `eval_features` map a batch of pixel
@@ -84,14 +95,9 @@ def _numpy_reference(train, test, cfg, train_features=None,
     epoch_losses = []
     for i in range(steps_per_epoch):
       idx = order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
-      xb = train_features(x[idx])
-      logits = xb @ w + b
-      p = np.exp(logits - logits.max(1, keepdims=True))
-      p /= p.sum(1, keepdims=True)
-      epoch_losses.append(-np.mean(np.log(p[np.arange(len(idx)), y[idx]])))
-      resid = (p - np.eye(C)[y[idx]]) / len(idx)
-      gw = xb.T @ resid + cfg.weight_decay * w
-      gb = resid.sum(0) + cfg.weight_decay * b
+      loss, gw, gb = _np_grads(train_features(x[idx]), y[idx], w, b)
+      epoch_losses.append(loss)
+      gw, gb = gw + cfg.weight_decay * w, gb + cfg.weight_decay * b
       lr = (lr_of_epoch(epoch) if lr_of_epoch else
             cfg.lr * 0.5 * (1 + math.cos(math.pi * step / total)))
       mw, mb = cfg.momentum * mw + gw, cfg.momentum * mb + gb
@@ -211,12 +217,9 @@ def _numpy_step_sgd(train, test, cfg, steps_per_epoch, start):
     order = np.random.default_rng([SEED, epoch]).permutation(N)
     for i in range(steps_per_epoch):
       idx = order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
-      logits = x[idx] @ w + b
-      p = np.exp(logits - logits.max(1, keepdims=True))
-      p /= p.sum(1, keepdims=True)
-      resid = (p - np.eye(C)[y[idx]]) / len(idx)
-      mw = cfg.momentum * mw + x[idx].T @ resid + cfg.weight_decay * w
-      mb = cfg.momentum * mb + resid.sum(0) + cfg.weight_decay * b
+      _, gw, gb = _np_grads(x[idx], y[idx], w, b)
+      mw = cfg.momentum * mw + gw + cfg.weight_decay * w
+      mb = cfg.momentum * mb + gb + cfg.weight_decay * b
       w, b = w - lr * mw, b - lr * mb
   return w, b, lrs
 
@@ -287,12 +290,12 @@ def test_the_supcon_tf_preset():
   # configs/papers/supcon.py uses it at the ImageNet scale only.
   assert supcon.get_config('imagenet').evals.linear_eval.preset == 'supcon_tf'
   assert supcon.get_config('cifar10').evals.linear_eval.preset == 'supcon'
-  # Every field added for it defaults to the behaviour before it existed.
+  # The plain recipe has none of its loss and feature terms.
+  assert isinstance(tf, linear_eval.SupConTFConfig)
   default = linear_eval.LinearEvalConfig()
   assert (default.label_smoothing, default.normalize_features,
-          default.classifier_init, default.warmup_epochs,
-          default.epochs_per_decay, default.encoder_bn) == (
-              0., False, 'zeros', 0., 0., 'running')
+          default.classifier_init, default.encoder_bn) == (
+              0., False, 'zeros', 'running')
 
 
 def test_the_exponential_schedule_is_the_tf_codes_closed_form():
@@ -384,44 +387,82 @@ def test_label_smoothed_cross_entropy_matches_numpy():
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
 
 
-def test_the_glorot_uniform_classifier_and_the_zero_one():
-  cfg = linear_eval.PRESETS['supcon_tf']
-  init = jax.device_get(linear_eval.init_classifier(cfg, 3, 2048, 1000))
-  limit = math.sqrt(6 / (2048 + 1000))     # TF's glorot_uniform bound
-  assert init['w'].shape == (2048, 1000) and np.all(init['b'] == 0)
-  assert np.abs(init['w']).max() <= limit
-  assert np.abs(init['w']).max() > 0.999 * limit
+def _glorot_uniform(init, f, c):
+  limit = math.sqrt(6 / (f + c))     # TF's glorot_uniform bound
+  assert not np.any(init['b'])
+  assert limit >= np.abs(init['w']).max() > 0.999 * limit
   assert init['w'].var() == pytest.approx(limit ** 2 / 3, rel=0.01)
   assert abs(init['w'].mean()) < 1e-3 * limit
-  again = jax.device_get(linear_eval.init_classifier(cfg, 3, 2048, 1000))
-  np.testing.assert_array_equal(again['w'], init['w'])
-  zeros = jax.device_get(linear_eval.init_classifier(
-      linear_eval.PRESETS['simclr'], 3, 16, 3))
-  assert not np.any(zeros['w']) and not np.any(zeros['b'])
 
 
-def test_the_new_fields_are_checked():
+def _normal_0_01(init, f, c):
+  # MoCo's main_lincls.py: fc.weight.normal_(mean=0.0, std=0.01),
+  # fc.bias.zero_(). The moments in float64: mean 0 (standard error 0.01 /
+  # sqrt(F C)), std 0.01 (standard error 0.01 / sqrt(2 F C)); normal, not
+  # uniform: a fourth standardised moment of 3 (uniform: 1.8), values beyond
+  # 3 std at the normal's rate 0.27%.
+  del f, c
+  assert not np.any(init['b'])
+  w = init['w'].astype(np.float64)
+  assert abs(w.mean()) < 5 * 0.01 / math.sqrt(w.size)
+  assert w.std() == pytest.approx(0.01, abs=5 * 0.01 / math.sqrt(2 * w.size))
+  z = w / w.std()
+  assert np.mean(z ** 4) == pytest.approx(3., abs=0.02)
+  assert np.mean(np.abs(z) > 3) == pytest.approx(0.0027, abs=3e-4)
+
+
+def _torch_default(init, f, c):
+  # PyTorch's nn.Linear(F, C).reset_parameters: kaiming_uniform_(weight,
+  # a=sqrt(5)) has bound gain x sqrt(3 / fan_in) with gain = sqrt(2 / (1 +
+  # a^2)), i.e. 1 / sqrt(F); the bias U(-1 / sqrt(F), 1 / sqrt(F)), its own
+  # draw.
+  del c
+  bound = math.sqrt(2. / (1. + 5.)) * math.sqrt(3. / f)
+  assert bound == pytest.approx(1. / math.sqrt(f))
+  for name, values in init.items():
+    assert bound >= np.abs(values).max() > 0.99 * bound, name
+    # U(-l, l): variance l^2 / 3, mean 0.
+    assert values.var() == pytest.approx(bound ** 2 / 3, rel=0.1), name
+    assert abs(values.mean()) < 0.1 * bound, name
+  assert init['w'].var() == pytest.approx(bound ** 2 / 3, rel=0.01)
+  assert not np.allclose(init['w'][0], init['b'])
+
+
+def _zeros(init, f, c):
+  del f, c
+  assert not np.any(init['w']) and not np.any(init['b'])
+
+
+@pytest.mark.parametrize('preset,f,c,check', [
+    ('supcon_tf', 2048, 1000, _glorot_uniform),
+    ('moco', 2048, 1000, _normal_0_01),
+    ('tcl', 512, 1000, _torch_default),
+    ('simclr', 16, 3, _zeros)])
+def test_the_classifier_init(preset, f, c, check):
+  cfg = linear_eval.PRESETS[preset]
+  init = jax.device_get(linear_eval.init_classifier(cfg, 3, f, c))
+  assert init['w'].shape == (f, c) and init['b'].shape == (c,)
+  check(init, f, c)
+  # The same seed, the same start; another seed, another draw.
+  again = jax.device_get(linear_eval.init_classifier(cfg, 3, f, c))
+  for k in ('w', 'b'):
+    np.testing.assert_array_equal(again[k], init[k])
+  other = jax.device_get(linear_eval.init_classifier(cfg, 4, f, c))
+  assert (check is _zeros) != (not np.allclose(other['w'], init['w']))
+
+
+def test_the_fields_are_checked():
   cases = [(dict(optimizer='lamb'), 'optimizer must be one of'),
-           (dict(schedule='linear'), 'schedule must be one of'),
-           (dict(optimizer='rmsprop', nesterov=True), 'nesterov applies'),
-           (dict(schedule='exponential'), 'needs epochs_per_decay > 0'),
-           (dict(epochs_per_decay=0.5),
-            "epochs_per_decay applies to the 'exponential' schedule only"),
-           (dict(schedule='cosine', warmup_epochs=5.),
-            "warmup_epochs applies to the 'exponential' schedule only"),
-           (dict(schedule='exponential', epochs_per_decay=1.,
-                 warmup_epochs=-1.), 'warmup_epochs must be >= 0'),
-           (dict(label_smoothing=1.0), r'label_smoothing must be in \[0, 1\)'),
-           (dict(label_smoothing=-0.1), 'label_smoothing must be in'),
-           (dict(rmsprop_eps=0.), 'rmsprop_eps must be > 0'),
-           (dict(rmsprop_decay=1.), 'rmsprop_decay must be in'),
+           (dict(optimizer='rmsprop'), 'optimizer must be one of'),
+           (dict(schedule='exponential'), 'schedule must be one of'),
            (dict(classifier_init='normal'), 'classifier_init must be one of'),
-           (dict(lr_decay=0.), 'lr_decay must be > 0'),
            (dict(encoder_bn='train'), 'encoder_bn must be one of'),
            (dict(lr_update='epoch'), 'lr_update must be one of')]
   for fields, match in cases:
     with pytest.raises(ValueError, match=match):
       linear_eval.LinearEvalConfig(**fields)
+  with pytest.raises(ValueError, match='schedule must be one of'):
+    linear_eval.SupConTFConfig(schedule='cosine')
   with pytest.raises(ValueError, match='needs epochs_per_decay'):
     dataclasses.replace(linear_eval.PRESETS['supcon_tf'], epochs_per_decay=0.)
 
@@ -445,13 +486,7 @@ def _numpy_supcon_tf(train, cfg, w0, steps_per_epoch, *, normalize=True,
     order = np.random.default_rng([SEED, epoch]).permutation(N)
     for i in range(steps_per_epoch):
       idx = order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
-      w, b = params
-      logits = x[idx] @ w + b
-      p = np.exp(logits - logits.max(1, keepdims=True))
-      p /= p.sum(1, keepdims=True)
-      targets = (1 - a) * np.eye(C)[y[idx]] + a / C
-      resid = (p - targets) / len(idx)
-      grads = [x[idx].T @ resid, resid.sum(0)]
+      grads = _np_grads(x[idx], y[idx], *params, smoothing=a)[1:]
       lr = _tf_schedule(step, lr=cfg.lr, warmup_steps=warmup,
                         decay_steps=cfg.epochs_per_decay * steps_per_epoch,
                         rate=cfg.lr_decay)
@@ -749,34 +784,6 @@ def test_a_run_with_batch_update_matches_numpy():
           variables)
 
 
-def test_the_torch_default_classifier_init():
-  # PyTorch's nn.Linear(F, C).reset_parameters: kaiming_uniform_(weight,
-  # a=sqrt(5)) has bound gain x sqrt(3 / fan_in) with gain = sqrt(2 / (1 +
-  # a^2)), i.e. 1 / sqrt(F); the bias U(-1 / sqrt(F), 1 / sqrt(F)).
-  F_, C_ = 512, 1000
-  gain = math.sqrt(2. / (1. + 5.))
-  bound = gain * math.sqrt(3. / F_)
-  assert bound == pytest.approx(1. / math.sqrt(F_))
-  cfg = linear_eval.PRESETS['tcl']
-  assert cfg.classifier_init == 'torch_default'
-  init = jax.device_get(linear_eval.init_classifier(cfg, 3, F_, C_))
-  assert init['w'].shape == (F_, C_) and init['b'].shape == (C_,)
-  for name, values in init.items():
-    assert np.abs(values).max() <= bound, name
-    assert np.abs(values).max() > 0.99 * bound, name
-    # U(-l, l): variance l^2 / 3, mean 0.
-    assert values.var() == pytest.approx(bound ** 2 / 3, rel=0.1), name
-    assert abs(values.mean()) < 0.1 * bound, name
-  assert init['w'].var() == pytest.approx(bound ** 2 / 3, rel=0.01)
-  # Kernel and bias from different draws; the same seed, the same start.
-  assert not np.allclose(init['w'][0], init['b'])
-  again = jax.device_get(linear_eval.init_classifier(cfg, 3, F_, C_))
-  for k in ('w', 'b'):
-    np.testing.assert_array_equal(again[k], init[k])
-  other = jax.device_get(linear_eval.init_classifier(cfg, 4, F_, C_))
-  assert not np.allclose(other['w'], init['w'])
-
-
 def _tcl_epoch_lrs(lr, epochs):
   """The lr each epoch trains at in TCL's train.py: the optimizer built at
   lr, then `adjust_learning_rate(optimizer, epoch)` after epoch `epoch`:
@@ -834,31 +841,6 @@ def test_a_run_with_the_after_epoch_lr_matches_numpy():
   scale = _assert_matches(out, w, b, rtol=1e-5, top1=top1)
   w_step, _, _, _ = _numpy_reference(_data(0, N), _data(1, 30), CFG)
   assert np.abs(w_step - w).max() > 100 * 1e-5 * scale
-
-
-def test_the_normal_classifier_init_is_mocos_fc_init():
-  # MoCo's (and MoCo v3's) main_lincls.py: fc.weight.normal_(mean=0.0,
-  # std=0.01), fc.bias.zero_(). The draws' moments, computed here in
-  # float64 over 2048 x 1000 values: mean 0 (standard error 0.01 / 1431 =
-  # 7e-6), std 0.01 (standard error 0.01 / sqrt(2 x 2048000) = 5e-6).
-  for name in ('moco', 'moco_v3'):
-    assert linear_eval.PRESETS[name].classifier_init == 'normal_0.01', name
-  cfg = linear_eval.PRESETS['moco']
-  init = jax.device_get(linear_eval.init_classifier(cfg, 3, 2048, 1000))
-  assert init['w'].shape == (2048, 1000) and init['b'].shape == (1000,)
-  assert not np.any(init['b'])
-  w = init['w'].astype(np.float64)
-  assert abs(w.mean()) < 5 * 0.01 / math.sqrt(w.size)
-  assert w.std() == pytest.approx(0.01, abs=5 * 0.01 / math.sqrt(2 * w.size))
-  # Normal, not uniform: a fourth standardised moment of 3 (uniform: 1.8),
-  # values beyond 3 std at the normal's rate 0.27%.
-  z = w / w.std()
-  assert np.mean(z ** 4) == pytest.approx(3., abs=0.02)
-  assert np.mean(np.abs(z) > 3) == pytest.approx(0.0027, abs=3e-4)
-  again = jax.device_get(linear_eval.init_classifier(cfg, 3, 2048, 1000))
-  np.testing.assert_array_equal(again['w'], init['w'])
-  other = jax.device_get(linear_eval.init_classifier(cfg, 4, 2048, 1000))
-  assert not np.allclose(other['w'], init['w'])
 
 
 def test_the_three_fields_of_every_preset_are_the_official_codes():
@@ -1025,13 +1007,3 @@ def test_the_probe_draws_its_own_crops_and_order():
   assert not any(np.array_equal(a, b) for a, b in crops)
   assert not np.array_equal(pipeline._permutation(config.seed, 64, 0),  # pylint: disable=protected-access
                             pipeline._permutation(seed, 64, 0))  # pylint: disable=protected-access
-
-
-@pytest.mark.parametrize('fields,match', [
-    ({'cosine_final': 1.0}, r'cosine_final must be in \[0, 1\)'),
-    ({'schedule': 'step', 'milestones': (1,), 'cosine_final': 0.1},
-     "cosine_final applies to the 'cosine' schedule only"),
-])
-def test_cosine_final_is_checked(fields, match):
-  with pytest.raises(ValueError, match=match):
-    linear_eval.LinearEvalConfig(**fields)

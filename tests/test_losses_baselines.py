@@ -38,9 +38,8 @@ def test_align_uniform_extremes():
   assert m['align'] < 1e-12
   dup = np.broadcast_to(rand(1, 1, 8, seed=6), (6, 2, 8)).copy()
   loss, m = J(baselines.align_uniform, dup)
-  # 0 = lse - log(15 pairs): float32 values of size log(15) = 2.7 cancel (the
-  # old fixed atol 1e-6 was 4 ulps there; 2 were seen), plus t ||z - z||^2 =
-  # t (2 - 2 z.z) with z.z = 1 to a few ulps (t = 2).
+  # 0 = lse - log(15 pairs): float32 values of size log(15) = 2.7 cancel,
+  # plus t ||z - z||^2 = t (2 - 2 z.z) with z.z = 1 to a few ulps (t = 2).
   atol = ref.f32_rtol() * (np.log(15) + 2 * 2.)
   np.testing.assert_allclose(m['uniform'], 0., atol=atol)
   np.testing.assert_allclose(loss, 0., atol=atol)

@@ -116,8 +116,7 @@ def test_large_lambda_drowns_the_negatives():
   # query, -a + (a + c) rounds twice at size c + |a| (|a| <= 1/tau = 5 << c),
   # <= eps c; each of the two means over n terms (loss and var_term) adds
   # <= (n - 1) eps/2 c for the sum and eps/2 c for the division. Total
-  # (n + 1) eps c, +1 eps for |a| / c: (n + 2) eps = 8.3e-7 here. (The old
-  # fixed atol 1e-3 at c = 26,578 was half a float32 ulp there, 1.95e-3.)
+  # (n + 1) eps c, +1 eps for |a| / c: (n + 2) eps = 8.3e-7 here.
   bound = (n + 2) * float(np.finfo(np.float32).eps)
   gaps = {}
   for lam in (0.1, 1., 10., 100., 1e3, 1e4):
@@ -168,20 +167,6 @@ def test_check_grads_and_no_gradient_into_keys_or_queue():
   assert np.all(np.asarray(gk) == 0) and np.all(np.asarray(gq) == 0)
   assert np.abs(np.asarray(jax.grad(
       lambda x: jcl(x, key, queue=queue)[0])(query))).max() > 1e-3
-
-
-@pytest.mark.parametrize('kind', ['aligned', 'bf16', 'duplicates'])
-def test_finite_loss_and_grads(kind):
-  x = ref.stress_inputs(kind, (8, 5, 16))
-  dtype = jnp.bfloat16 if kind == 'bf16' else jnp.float32
-  query, key = jnp.asarray(x[:, :1], dtype), jnp.asarray(x[:, 1:], dtype)
-  queue = jnp.asarray(x[:, 1], jnp.float32)
-  (loss, metrics), g = jax.jit(jax.value_and_grad(
-      lambda qq: jcl(qq, key, queue=queue, lam=4.0, temperature=0.02),
-      has_aux=True))(query)
-  assert loss.dtype == jnp.float32 and np.isfinite(float(loss))
-  assert all(np.isfinite(float(v)) for v in metrics.values())
-  assert np.all(np.isfinite(np.asarray(g, np.float32)))
 
 
 def test_value_errors():

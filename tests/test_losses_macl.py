@@ -9,7 +9,7 @@ from jax.test_util import check_grads
 from contrastive_jax.losses import macl as macl_eager
 import numpy_reference_methods as ref
 
-macl = jax.jit(macl_eager, static_argnames=('variant', 'layout', 'reweight'))
+macl = jax.jit(macl_eager, static_argnames=('variant', 'layout'))
 
 
 def _rand(seed, *shape, scale=1.0):
@@ -32,7 +32,7 @@ def _grad(z, **kw):
     (2, dict(variant='b')),
     (2, dict(layout='simclr')),
     (3, dict(layout='simclr', variant='b', beta=1.0, temperature=0.2)),
-    (3, dict(reweight=False, alpha=3.0)),
+    (3, dict(alpha=3.0)),
 ])
 def test_matches_numpy(views, kw):
   z = _rand(0, 6, views, 5)
@@ -70,8 +70,8 @@ def test_temperature_formula_bounds_and_monotonicity():
   assert np.all(np.diff(np.array(taus), axis=0) > 0)
 
 
-def test_fixed_temperature_eq10_is_infonce():
-  # alpha = 1, no reweighting: plain InfoNCE over the cross-view keys.
+def test_fixed_temperature_eq14_by_hand():
+  # alpha = 1: InfoNCE over the cross-view keys divided by W = 1 - P_pos.
   z = _rand(4, 5, 2, 6)
   u = ref.normalize(z)
   # Negatives of anchor (i, a): the other instances' view 1 - a.
@@ -80,8 +80,9 @@ def test_fixed_temperature_eq10_is_infonce():
     for i in range(5):
       pos = np.exp(u[i, a] @ u[i, 1 - a] / 0.1)
       neg = sum(np.exp(u[i, a] @ u[j, 1 - a] / 0.1) for j in range(5) if j != i)
-      vals.append(-np.log(pos / (pos + neg)))
-  _close(macl(z, alpha=1.0, reweight=False)[0], np.mean(vals))
+      p = pos / (pos + neg)
+      vals.append(-np.log(p) / (1. - p))
+  _close(macl(z, alpha=1.0)[0], np.mean(vals))
 
 
 @pytest.mark.parametrize('layout', ['cross_view', 'simclr'])
@@ -129,13 +130,14 @@ def test_loss_lower_bound_and_w_identity():
 
 def test_check_grads():
   z = jnp.asarray(_rand(8, 4, 2, 5))
-  # Eq. 10 (no reweighting) at a fixed temperature: gradients are those of
-  # the value, so finite differences apply.
-  check_grads(jax.jit(lambda x: macl(x, alpha=1.0, reweight=False)[0]), (z,),
-              order=1, modes=['rev'], atol=5e-3, rtol=5e-3, eps=1e-3)
-  check_grads(jax.jit(lambda x: macl(x, alpha=1.0, layout='simclr',
-                                     reweight=False)[0]), (z,),
-              order=1, modes=['rev'], atol=5e-3, rtol=5e-3, eps=1e-3)
+  # At a fixed temperature the loss's gradient is that of its `dcl` metric
+  # (the value it differentiates), so finite differences of that apply.
+  for layout in ('cross_view', 'simclr'):
+    fn = jax.jit(lambda x, layout=layout: macl(x, alpha=1.0, layout=layout))
+    np.testing.assert_array_equal(
+        jax.grad(lambda x: fn(x)[0])(z), jax.grad(lambda x: fn(x)[1]['dcl'])(z))
+    check_grads(lambda x: fn(x)[1]['dcl'], (z,), order=1, modes=['rev'],
+                atol=5e-3, rtol=5e-3, eps=1e-3)
 
 
 def test_easy_anchor_float32_robustness():
@@ -158,24 +160,6 @@ def test_easy_anchor_float32_robustness():
                        z.astype(np.float64))
   assert np.abs(g_dcl).max() > 0.1
   np.testing.assert_allclose(g, g_dcl, atol=2e-3 * np.abs(g_dcl).max())
-
-
-@pytest.mark.parametrize('kind', ['aligned', 'bf16', 'duplicates'])
-def test_finite_loss_and_grads(kind):
-  z = ref.stress_inputs(kind, (8, 2, 16))
-  z = jnp.asarray(z, jnp.bfloat16 if kind == 'bf16' else jnp.float32)
-  configs = (dict(temperature=0.02),
-             dict(temperature=0.02, layout='simclr', variant='b'))
-
-  def both(x):
-    outs = [macl(x, **kw) for kw in configs]
-    return sum(l for l, _ in outs), outs
-
-  (_, outs), g = jax.jit(jax.value_and_grad(both, has_aux=True))(z)
-  for loss, metrics in outs:
-    assert loss.dtype == jnp.float32 and np.isfinite(float(loss))
-    assert all(np.isfinite(float(v)) for v in metrics.values())
-  assert np.all(np.isfinite(np.asarray(g, np.float32)))
 
 
 def test_value_errors():

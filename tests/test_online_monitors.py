@@ -32,7 +32,7 @@ def _step_fns(probe: bool):
 
 def _batch(mesh, step):
   rng = np.random.default_rng(step)
-  host = {'views': (rng.random((B, 2, HW, HW, 1), np.float32),),
+  host = {'views': rng.random((B, 2, HW, HW, 1), np.float32),
           'label': rng.integers(0, CLASSES, B).astype(np.int32),
           'index': np.arange(B, dtype=np.int32)}
   return jax.device_put(host, NamedSharding(mesh, P('data')))

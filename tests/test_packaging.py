@@ -81,8 +81,7 @@ def test_console_scripts_and_packages():
     pyproject = tomllib.load(f)
   assert pyproject['project']['scripts'] == {
       'contrastive-jax-train': 'contrastive_jax.cli:train',
-      'contrastive-jax-eval': 'contrastive_jax.cli:evaluate',
-      'contrastive-jax-study': 'contrastive_jax.cli:study'}
+      'contrastive-jax-eval': 'contrastive_jax.cli:evaluate'}
   assert pyproject['build-system']['build-backend'] == 'setuptools.build_meta'
   include = pyproject['tool']['setuptools']['packages']['find']['include']
   for package in ('contrastive_jax', 'input_pipeline', 'configs'):

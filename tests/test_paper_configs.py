@@ -187,7 +187,7 @@ for method, scale in json.loads(sys.argv[1]):
       jax.eval_shape(setup.init_fn, jax.random.key(0)), setup.shardings)
   shape = lambda *s, dtype=jnp.float32: jax.ShapeDtypeStruct(
       s, dtype, sharding=rows)
-  batch = {'views': (shape(c.batch_size, c.augment.num_views, side, side, 3),),
+  batch = {'views': shape(c.batch_size, c.augment.num_views, side, side, 3),
            'label': shape(c.batch_size, dtype=jnp.int32),
            'index': shape(c.batch_size, dtype=jnp.int32)}
   setup.step_fn.lower(state, batch, jax.random.key(0))
@@ -242,7 +242,7 @@ def test_resnet_configs_outside_papers_build_and_lower():
         jax.eval_shape(setup.init_fn, jax.random.key(0)), setup.shardings)
     shape = lambda *s, dtype=jnp.float32: jax.ShapeDtypeStruct(
         s, dtype, sharding=rows)
-    batch = {'views': (shape(c.batch_size, c.augment.num_views, 28, 28, 1),),
+    batch = {'views': shape(c.batch_size, c.augment.num_views, 28, 28, 1),
              'label': shape(c.batch_size, dtype=jnp.int32),
              'index': shape(c.batch_size, dtype=jnp.int32)}
     text = setup.step_fn.lower(state, batch, jax.random.key(0)).as_text()

@@ -29,7 +29,7 @@ B, HW = 16, 16
 
 def _batch(mesh, views):
   rows = NamedSharding(mesh, P('data'))
-  return {'views': (jax.device_put(views, rows),),
+  return {'views': jax.device_put(views, rows),
           'label': jax.device_put(np.arange(B, dtype=np.int32) % 4, rows),
           'index': jax.device_put(np.arange(B, dtype=np.int32), rows)}
 

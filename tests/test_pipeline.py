@@ -163,15 +163,11 @@ _SIZE, _NUM_VIEWS = 14, 3
 
 @functools.cache
 def _all_presets_fn():
-  """One jitted function making `_NUM_VIEWS` views under every preset.
-
-  One compilation per input shape instead of one per (preset, channels) pair
-  keeps this test set fast; multi-crop goes through augment_views. Cached, so
-  the tests below that call it with the same shapes reuse the executable.
-  """
+  """One jitted function making `_NUM_VIEWS` views under every preset: one
+  compilation per input shape, cached for the tests below."""
   @functools.partial(jax.jit, compiler_options=_FAST_COMPILE)
   def fn(rng, images):
-    return {name: augment.augment_views(rng, images,
+    return {name: augment.augment_batch(rng, images,
                                         augment.get_views(name, _NUM_VIEWS))
             for name in augment.PRESETS}
   return fn
@@ -185,18 +181,17 @@ def test_views_shapes_ranges_determinism(channels):
   again = fn(jax.random.key(0), images)
   other = fn(jax.random.key(1), images)
   for name, views in out.items():
-    assert len(views) == _NUM_VIEWS, name
-    for v, cfg in enumerate(augment.get_views(name, _NUM_VIEWS)):
-      side = _SIZE if cfg.size is None else round(cfg.size * _SIZE)
-      assert views[v].shape == (6, side, side, channels), (name, v)
-      assert views[v].dtype == jnp.float32, name
-      x = np.asarray(views[v])
+    assert views.shape == (6, _NUM_VIEWS, _SIZE, _SIZE, channels), name
+    assert views.dtype == jnp.float32, name
+    for v in range(_NUM_VIEWS):
+      x = np.asarray(views[:, v])
       assert x.min() >= 0. and x.max() <= 1. + 1e-6, name
       # Same key: the same views; another key: other views.
-      np.testing.assert_array_equal(x, np.asarray(again[name][v]))
-      assert not np.allclose(x, np.asarray(other[name][v])), (name, v)
+      np.testing.assert_array_equal(x, np.asarray(again[name][:, v]))
+      assert not np.allclose(x, np.asarray(other[name][:, v])), (name, v)
     # Views of one image differ from each other.
-    assert not np.allclose(np.asarray(views[0]), np.asarray(views[1])), name
+    assert not np.allclose(np.asarray(views[:, 0]), np.asarray(views[:, 1])), (
+        name)
 
 
 def test_one_channel_equals_replicated_gray_channels():
@@ -279,34 +274,6 @@ def test_random_erase_zeroes_one_rectangle():
   np.testing.assert_array_equal(out[~zero], img[..., 0][~zero])
 
 
-def test_multicrop_views_and_stacking():
-  views = augment.build_views('multicrop', 6)
-  assert [v.size for v in views[:2]] == [None, None]
-  assert all(v.size == 3 / 7 for v in views[2:])
-  images = jnp.asarray(_data(n=3, size=28).images)
-  # Sizes are static; eval_shape checks them without compiling.
-  shapes = jax.eval_shape(lambda r, x: augment.augment_views(r, x, views),
-                          jax.random.key(0), images)
-  want = [(3, 28, 28, 1)] * 2 + [(3, 12, 12, 1)] * 4   # 3/7 of 28 = 12.
-  assert [s.shape for s in shapes] == want
-  assert all(s.dtype == jnp.float32 for s in shapes)
-  with pytest.raises(ValueError, match='augment_groups'):
-    augment.augment_batch(jax.random.key(0), images, views)
-  assert augment.resolve_size(3 / 7, (224, 224)) == (96, 96)
-  assert augment.resolve_size(16, (28, 28)) == (16, 16)
-
-
-def test_augment_batch_stacks_augment_views():
-  images = jnp.asarray(_data(n=4, size=8, channels=3).images)
-  views = augment.get_views('tcl_fmnist', 2)
-  stacked = augment.augment_batch(jax.random.key(5), images, views)
-  listed = augment.augment_views(jax.random.key(5), images, views)
-  assert stacked.shape == (4, 2, 8, 8, 3)
-  for v in range(2):
-    np.testing.assert_array_equal(np.asarray(stacked[:, v]),
-                                  np.asarray(listed[v]))
-
-
 def test_build_views_applies_per_view_overrides():
   views = augment.build_views('simclr', 2, ({'blur_p': 1.0},
                                             {'blur_p': 0.1, 'solarize_p': 0.2}))
@@ -337,7 +304,6 @@ def test_build_views_from_an_ml_collections_config():
     (dict(num_views=2, overrides=({'flip_p': 1.5},)), 'not a probability'),
     (dict(num_views=2, overrides=({'crop_scale': (0.5, 0.2)},)),
      'crop_scale'),
-    (dict(num_views=2, overrides=({'size': 1.5},)), r'\(0, 1\]'),
 ])
 def test_build_views_errors(kwargs, match):
   with pytest.raises(ValueError, match=match):

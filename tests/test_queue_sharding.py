@@ -81,7 +81,7 @@ def _step_hlo(config) -> str:
   init_fn, step_fn = _build(config, mesh)
   state = jax.eval_shape(init_fn, jax.random.key(0))
   v = config.augment.num_views
-  batch = {'views': (jax.ShapeDtypeStruct((B, v, HW, HW, 1), jnp.float32),),
+  batch = {'views': jax.ShapeDtypeStruct((B, v, HW, HW, 1), jnp.float32),
            'label': jax.ShapeDtypeStruct((B,), jnp.int32),
            'index': jax.ShapeDtypeStruct((B,), jnp.int32)}
   return step_fn.lower(state, batch, jax.random.key(1)).compile().as_text()
@@ -271,7 +271,7 @@ def test_step_without_a_mesh_equals_the_one_device_mesh_step():
       step_lib.train_step, model=setup.model, tx=setup.tx, method=setup.method,
       loss=setup.loss, classifier=setup.classifier, mesh=None))
   rng = np.random.default_rng(0)
-  batch = {'views': (rng.random((B, 2, HW, HW, 1), np.float32),),
+  batch = {'views': rng.random((B, 2, HW, HW, 1), np.float32),
            'label': np.zeros(B, np.int32),
            'index': np.arange(B, dtype=np.int32)}
   s_plain = jax.device_get(step_lib.create_train_state(

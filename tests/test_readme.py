@@ -9,7 +9,10 @@ carries no dates, commit hashes, issue numbers or machine-load remarks (those
 belong in docs/ and CHANGELOG.md).
 """
 
+import ast
+import glob
 import importlib.util
+import json
 import math
 import os
 import re
@@ -20,8 +23,11 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STUDY = os.path.join(ROOT, 'studies', 'v2')
+STUDY_REPORT = os.path.join(STUDY, 'REPORT.md')
 README = os.path.join(ROOT, 'README.md')
-TOP = ('configs', 'contrastive_jax', 'input_pipeline', 'benchmarks', 'scripts',
+TOP = ('configs', 'contrastive_jax', 'input_pipeline', 'benchmarks', 'studies',
+       'scripts',
        'tests', 'notebooks', 'docs', '.ci')
 
 
@@ -139,7 +145,7 @@ def test_study_v2_results_quote_its_report():
   # One README row per study v2 arm, each linking the report and naming the
   # arm's config and tuned value; its trained and random-init means (kNN /
   # linear), the seed count and the budget are the generated report's.
-  with open(os.path.join(ROOT, 'benchmarks', 'study_v2', 'REPORT.md')) as f:
+  with open(STUDY_REPORT) as f:
     report = f.read()
   table = report.split('## Accuracy by arm (test split)')[1].split('\n## ')[0]
   epochs = re.search(r'Finished final runs, (\d+) epochs', table).group(1)
@@ -152,7 +158,7 @@ def test_study_v2_results_quote_its_report():
       arms[key] = (cells[1].split(' ')[-1], cells[2].split(' ')[0],
                    cells[3].split(' ')[0], int(cells[4]))
   rows = [l for l in _text().splitlines()
-          if '(benchmarks/study_v2/REPORT.md)' in l and l.startswith('| ')]
+          if '(studies/v2/REPORT.md)' in l and l.startswith('| ')]
   configs = [re.search(r'`(configs/\w+\.py)`', r).group(1) for r in rows]
   assert sorted(configs) == sorted(k for k in arms if k.startswith('configs/'))
   first = re.search(r'study v2, (\d+) epochs, mean of (\d) seeds', rows[0])
@@ -195,7 +201,7 @@ def _report_claims(report):
 def _findings(text):
   """The README's study v2 findings: [(label, [(claim, metric or None,
   the mention's text)])], one entry per 'Label: ...' sentence."""
-  paragraph = text.split('\nStudy v2 (benchmarks/study_v2/)')[1].split(
+  paragraph = text.split('\nStudy v2 (studies/v2/)')[1].split(
       '\n\n')[0].replace('\n', ' ')
   out = []
   labels = '|'.join(re.escape(k) for k in _VERDICTS)
@@ -217,7 +223,7 @@ def test_study_v2_findings_say_what_the_report_says():
   # (C<n> <metric>); every named claim has the label's verdict in the
   # report, numbers quoted in a mention are that row's, and every claim
   # row of the report is named with its verdict.
-  with open(os.path.join(ROOT, 'benchmarks', 'study_v2', 'REPORT.md')) as f:
+  with open(STUDY_REPORT) as f:
     rows = _report_claims(f.read())
   assert len(rows) == 14, sorted(rows)
   findings = _findings(_text())
@@ -237,6 +243,77 @@ def test_study_v2_findings_say_what_the_report_says():
           for p in re.findall(r'Holm p (\d\.\d+)', mention):
             assert p == row['holm'], (mention, row)
   assert covered == set(rows), sorted(set(rows) - covered)
+
+
+def _study_paragraph():
+  return _text().split('\nStudy v2 (studies/v2/)')[1].split('\n\n')[0].replace(
+      '\n', ' ')
+
+
+def _arm_gains(report):
+  """arm -> kNN gain over random init, from the report's gain table."""
+  table = report.split('## Gain over the random-init encoder')[1].split(
+      '\n## ')[0]
+  return {cells[0]: float(cells[2].split()[0])
+          for cells in (l.strip('| ').split(' | ') for l in table.splitlines())
+          if len(cells) == 4 and cells[1] == 'knn'}
+
+
+def test_study_v2_regime_gains_and_commits_are_the_records():
+  # The regime the paragraph states, the range of kNN gains over random
+  # init it quotes, and the commits it names, each read from the record.
+  with open(STUDY_REPORT) as f:
+    report = f.read()
+  paragraph = _study_paragraph()
+  epochs = re.search(r'Finished final runs, (\d+) epochs', report).group(1)
+  assert f'for {epochs} epochs on a CPU, 4 seeds' in paragraph
+  gains = _arm_gains(report)
+  assert len(gains) == 7, gains
+  low, high = re.search(r'by only \+(\d\.\d\d) to \+(\d\.\d\d) points',
+                        paragraph).groups()
+  assert (float(low), float(high)) == (min(gains.values()),
+                                       max(gains.values()))
+  commits = {}
+  for path in glob.glob(os.path.join(STUDY, 'results', '*.json')):
+    with open(path) as f:
+      commits[os.path.basename(path)] = {
+          i['commit'] for i in json.load(f)['invocations']}
+  with open(os.path.join(STUDY, 'README.md')) as f:
+    study_readme = f.read()
+  main_commit, pilot_commit = re.search(
+      r'Every run executes from commit ([0-9a-f]{40}),.*?two runs ran from\s+'
+      r'([0-9a-f]{40})', study_readme, re.S).groups()
+  assert 'two ran from one commit, which studies/v2/README.md names' in (
+      paragraph)
+  others = {k: c for k, c in commits.items() if c != {main_commit}}
+  assert len(others) == 2 and all(k.startswith('pilot__') for k in others)
+  assert all(c == {pilot_commit} for c in others.values()), others
+  assert 'tag' not in paragraph        # Tags do not travel with a clone.
+
+
+def test_config_docstrings_quote_the_current_study():
+  # A method config quotes study v2's figures for its arm, or says it is not
+  # measured; none quotes the superseded first study's numbers.
+  with open(STUDY_REPORT) as f:
+    report = f.read()
+  table = report.split('## Accuracy by arm (test split)')[1].split('\n## ')[0]
+  arms = {}
+  for line in table.splitlines():
+    cells = line.strip('| ').split(' | ')
+    if len(cells) == 5 and cells[1].startswith('configs/'):
+      arms[cells[1].split(',')[0]] = (cells[0], cells[2].split()[0],
+                                      cells[3].split()[0])
+  rknn, rlin = re.search(r'\| random init \| [^|]* \| ([\d.]+) [^|]* \| '
+                         r'([\d.]+)', table).groups()
+  for path in sorted(glob.glob(os.path.join(ROOT, 'configs', '*.py'))):
+    with open(path) as f:
+      doc = ast.get_docstring(ast.parse(f.read())) or ''
+    name = 'configs/' + os.path.basename(path)
+    assert 'REPORT.md, row' not in doc and '+-' not in doc, name
+    if name in arms:
+      arm, knn, lin = arms[name]
+      assert f'arm {arm} ' in doc and f'kNN {knn} / linear {lin}' in doc, name
+      assert f'random-init encoder {rknn} / {rlin}' in doc, name
 
 
 def test_readme_is_short_and_undated():

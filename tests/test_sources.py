@@ -440,8 +440,8 @@ def test_folder_contents_have_defined_outcomes(tmp_path, caplog):
   assert not src.skipped
   # The empty folder's class keeps its id, and the log says it is empty.
   assert any("'empty' have no examples in either split" in m
-             for m in sources.class_warnings(src, src, train_name='train',
-                                             eval_name='train'))
+             for m in data_lib.class_warnings(src, src, train_name='train',
+                                              eval_name='train'))
   ignored = [r.getMessage() for r in caplog.records
              if 'ignoring 2 entries' in r.getMessage()]
   assert ignored and 'notes.txt' in ignored[0] and 'README' in ignored[0]
@@ -484,9 +484,9 @@ def test_undecodable_files_become_black_substitutes_named_once(tmp_path,
   part = held.take(np.array([bad_ids[1], 0, bad_ids[0]]))
   assert sorted(part.skipped) == [0, 2]
   # Past the allowed fraction: an error listing every file.
-  sources.check_skipped('training split', src.skipped, 15, 0.2)
+  data_lib.check_skipped('training split', src.skipped, 15, 0.2)
   with pytest.raises(ValueError, match='3 of the 15 records') as e:
-    sources.check_skipped('training split', src.skipped, 15, 0.1)
+    data_lib.check_skipped('training split', src.skipped, 15, 0.1)
   assert all(p in str(e.value) for p in bad)
 
 
@@ -590,8 +590,8 @@ def _two_processes(data_dirs):
   outs = [p.communicate(timeout=300) for p in procs]
   for p, (out, err) in zip(procs, outs):
     assert p.returncode == 0 and 'RESULT ' in out, err[-3000:]
-  # Gloo writes its own lines to stdout too.
-  return [json.loads(out.split('RESULT ', 1)[1].splitlines()[0])
+  # Gloo writes to stdout too, even on the result's line.
+  return [json.JSONDecoder().raw_decode(out.split('RESULT ', 1)[1])[0]
           for out, _ in outs]
 
 

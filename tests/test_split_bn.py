@@ -89,15 +89,14 @@ def test_forward_runs_each_view_alone_when_the_encoder_is_split():
   plain_model = models.create_model(_config())
   v0, v1 = _images(seed=3), _images(seed=4)
   variables = _variables(plain_model, v0)
-  z, _, _ = base.forward(split_model, variables, (jnp.stack([v0, v1], 1),))
+  z, _, _ = base.forward(split_model, variables, jnp.stack([v0, v1], 1))
 
   def plain_groups(x):
     return jnp.concatenate([plain_model.apply(
         variables, g, train=True, mutable=['batch_stats'])[0]['features']
                             for g in jnp.split(x, S)])
   feats, _, _ = base.forward(split_model, variables,
-                             (jnp.stack([v0, v1], 1),),
-                             embedding='features')
+                             jnp.stack([v0, v1], 1), embedding='features')
   np.testing.assert_allclose(feats[:, 0], plain_groups(v0), rtol=1e-4,
                              atol=1e-5)
   np.testing.assert_allclose(feats[:, 1], plain_groups(v1), rtol=1e-4,
@@ -115,8 +114,8 @@ def test_shuffle_bn_over_groups_permutes_each_key_view_and_restores_order(
   config = _config(bn_splits=S, shuffle_bn=True)
   split_model = models.create_model(config)
   plain_model = models.create_model(_config())
-  views = (jnp.stack([_images(seed=5), _images(seed=6)], 1),)
-  variables = _variables(plain_model, views[0][:, 0])
+  views = jnp.stack([_images(seed=5), _images(seed=6)], 1)
+  variables = _variables(plain_model, views[:, 0])
   rng = jax.random.key(7)
   mesh = runtime.create_mesh(jax.devices()[:devices])
   z, stats = jax.jit(lambda v, x: moco.key_forward(
@@ -130,7 +129,7 @@ def test_shuffle_bn_over_groups_permutes_each_key_view_and_restores_order(
     assert sorted(perm) == list(range(16))
     # The groups of the permuted batch mix the contiguous blocks.
     assert any(len(set(g // 4)) > 1 for g in perm.reshape(S, -1))
-    x = np.asarray(views[0][:, i])[perm]
+    x = np.asarray(views[:, i])[perm]
     out = np.concatenate([np.asarray(plain_model.apply(
         variables, g, train=True, mutable=['batch_stats'])[0]['projection'])
                           for g in np.split(x, S)])

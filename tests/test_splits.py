@@ -119,16 +119,14 @@ def test_imbalance_after_holdout_counts(rule):
   np.testing.assert_array_equal(_ids(again), _ids(train_part))
 
 
-def test_imbalance_levels_parameter():
+def test_fewer_classes_than_ten_are_one_level_each():
   data = _dataset([100] * 4)
   dc = default_config.get_config().dataset
-  dc.imbalance, dc.imbalance_levels = 'linear', 2
+  dc.imbalance = 'linear'
   train_part, val = splits.prepare_train(data, dc)
   assert val is None
-  np.testing.assert_array_equal(
-      np.bincount(train_part.labels, minlength=4),
-      imbalance.kept_counts([100] * 4, rule='linear', num_levels=2))
-  np.testing.assert_array_equal(np.bincount(train_part.labels), [50, 50, 100,
+  # L = 4 levels: class l keeps l / 4 of its 100.
+  np.testing.assert_array_equal(np.bincount(train_part.labels), [25, 50, 75,
                                                                  100])
 
 
@@ -159,7 +157,6 @@ def test_load_data_wires_the_options(monkeypatch):
     ('eval.split', 'train', 'eval.split'),
     ('eval.split', 'validation', 'validation_size > 0'),
     ('dataset.imbalance', 'step', 'imbalance'),
-    ('dataset.imbalance_levels', -2, 'imbalance_levels'),
     ('dataset.max_bad_fraction', 1.5, 'max_bad_fraction'),
 ])
 def test_bad_values_fail_early(field, value, match):

@@ -77,7 +77,7 @@ def _build(config, mesh):
 def _batch(config, mesh, step):
   rng = np.random.default_rng(step)
   v = config.augment.num_views
-  host = {'views': (rng.random((B, v, HW, HW, 1), np.float32),),
+  host = {'views': rng.random((B, v, HW, HW, 1), np.float32),
           'label': rng.integers(0, 4, B).astype(np.int32),
           'index': rng.permutation(N_DATA)[:B].astype(np.int32)}
   return jax.device_put(host, NamedSharding(mesh, P('data')))
@@ -176,7 +176,7 @@ def test_queue_receives_the_normalised_keys_at_the_pointer():
   state, _ = step_fn(state, batch, rng)
   out, _ = model.apply({'params': s1.params,
                         'batch_stats': s1.method_state.key_batch_stats},
-                       np.asarray(batch['views'][0])[:, 1], train=True,
+                       np.asarray(batch['views'])[:, 1], train=True,
                        mutable=['batch_stats'])
   k = np.asarray(out['projection'], np.float64)
   k /= np.linalg.norm(k, axis=1, keepdims=True)
@@ -195,7 +195,7 @@ def test_memory_bank_rows_of_the_batch_are_updated():
   batch = _batch(config, mesh, 0)
   state, _ = step_fn(state, batch, jax.random.key(3))
   out, _ = model.apply({'params': s0.params, 'batch_stats': s0.batch_stats},
-                       np.asarray(batch['views'][0])[:, 0], train=True,
+                       np.asarray(batch['views'])[:, 0], train=True,
                        mutable=['batch_stats'])
   f = np.asarray(out['projection'], np.float64)
   f /= np.linalg.norm(f, axis=1, keepdims=True)

@@ -8,24 +8,12 @@ key of `TYPES`), `every_steps` and the type's own fields:
     config.evals.online_knn = dict(type='knn', every_steps=200, ks=(20,),
                                    bank_size=10000, num_queries=2000)
 
-`every_steps`: 0 runs the evaluator once after training, on the trained
-encoder and (with `config.eval.baselines`) on raw pixels and the randomly
-initialised encoder, keys '<representation>/<metric>'; N > 0 runs it every N
-steps and at the last step on the current state, keys 'online/<metric>';
--1 turns it off. Evaluating a saved checkpoint (`eval_checkpoint.py`) runs
-the same objects.
-
-The types:
-
-  knn          weighted / majority kNN on the training split (`knn.py`)
-  logreg       L-BFGS logistic regression on cached features (`logreg.py`)
-  linear_eval  the papers' SGD linear evaluation on augmented images
-               (`linear_eval.py`)
-  diagnostics  alignment, uniformity, CACR's entropy, MACL's sensitivity,
-               similarity histograms (`diagnostics.py`)
-
-Adding one: a module here with a `base.Evaluator` subclass, listed in
-`TYPES`, and an entry in a config's `config.evals`.
+`every_steps`: 0 runs it once after training on the trained encoder (and,
+with `config.eval.baselines`, raw pixels and the random initialisation), keys
+'<representation>/<metric>'; N > 0 every N steps and at the last, keys
+'online/<metric>'; -1 turns it off. Types: knn (`knn.py`), logreg
+(`logreg.py`), linear_eval (`linear_eval.py`), diagnostics
+(`diagnostics.py`); a new one is a `base.Evaluator` subclass in `TYPES`.
 """
 
 from __future__ import annotations
@@ -106,22 +94,11 @@ def _log(name: str, out: dict[str, float], times: dict[str, float]) -> None:
 def run_final(evaluators: dict[str, base.Evaluator], variables: dict[str, Any],
               env: base.Env, *, baselines: bool = True
               ) -> tuple[dict[str, Any], dict]:
-  """Runs the final evaluators (every_steps == 0) on each representation.
-
-  Args:
-    evaluators: from `build`; the online ones are skipped.
-    variables: name -> encoder variables ('trained' always; with
-      `baselines`, e.g. 'random_init' too); raw pixels are added first with
-      `baselines`.
-    env: the run's config, model, mesh and data.
-    baselines: also score raw pixels and every entry of `variables` besides
-      'trained'.
-
-  Returns:
-    (results, embeddings): '<representation>/<metric>' -> value, and
-    'eval_seconds'; per representation the first
-    `config.eval.embedding_points` evaluation examples' (features [n, F],
-    labels [n]) as numpy, for the run's plot (none when 0).
+  """Runs the final evaluators (every_steps == 0) on each representation:
+  `variables['trained']`, and with `baselines` raw pixels and the others.
+  Returns (results '<representation>/<metric>' -> value, with
+  'eval_seconds'; embeddings: per representation the first
+  `config.eval.embedding_points` evaluation examples' (features, labels)).
   """
   final = [ev for ev in evaluators.values() if ev.every_steps == 0]
   reps = {'raw_pixels': None} if baselines else {}

@@ -1,30 +1,13 @@
-"""Representation diagnostics: alignment, uniformity, similarity histograms,
-2-D embedding plots.
+"""Representation diagnostics: alignment, uniformity, CACR's conditional
+entropy, MACL's semantic sensitivity, similarity histograms, 2-D plots.
 
-Alignment and uniformity follow Wang & Isola (2020), on L2-normalised
-embeddings:
-
-    alignment(alpha) = E_{(x, y) positive} ||f(x) - f(y)||_2^alpha
-    uniformity(t)    = log E_{x, y i.i.d.} exp(-t ||f(x) - f(y)||_2^2)
-
-with the expectation in `uniformity` taken over distinct pairs i < j, as in
-their reference code (`torch.pdist(x).pow(2).mul(-t).exp().mean().log()`).
-Lower is better for both. Both are the AU-CL loss's own terms
-(`losses.baselines`), so the monitor and the loss cannot drift apart.
-
-Plots use matplotlib's Agg backend (no display needed) and write PNG files.
-
-CACR's conditional entropy of the negative weights (Zheng et al. 2023, eq. 8)
-and MACL's semantic sensitivity (eq. 7) are below (docs/evaluation.md writes
-out both).
-
-`Diagnostics` is the evaluator (`config.evals.<name>.type = 'diagnostics'`)
-that runs all of them on a trained encoder, in the projection space (the
-loss's) and the backbone's feature space.
+Alignment E_pos ||f(x) - f(y)||^alpha and uniformity log E exp(-t ||f(x) -
+f(y)||^2) over distinct pairs (Wang & Isola 2020, L2-normalised f) are the
+AU-CL loss's own terms (`losses.baselines`). Plots use matplotlib's Agg
+backend and write PNG files.
 """
 
 from __future__ import annotations
-
 
 import os
 
@@ -44,35 +27,19 @@ from contrastive_jax.losses.common import l2_normalize
 from input_pipeline import augment
 from input_pipeline import pipeline
 
-# Rows of a pairwise block in `semantic_sensitivity`: bounds memory to
-# [block, M].
+# Rows of a pairwise block in `semantic_sensitivity` (memory [block, M]).
 _PAIR_BLOCK = 1024
+
 
 @jax.jit
 def conditional_entropy(z_a: jax.Array, z_b: jax.Array | None = None, *,
                         t_neg: float = 2.) -> jax.Array:
-  """CACR's H(X^-|X): mean entropy of the negative weights pi^- (eq. 8).
+  """CACR's H(X^-|X) (eq. 8) in nats, in [0, log(M - 1)]: the mean over i of
+  the entropy of pi^-_ij = softmax_{j != i}(-t_neg ||z_a[i] - z_b[j]||^2).
 
-  For query i the negatives are z_b[j], j != i, weighted by
-
-      pi^-_ij = softmax_{j != i}(-t_neg ||z_a[i] - z_b[j]||^2),
-
-  and H = mean_i -sum_{j != i} pi^-_ij log pi^-_ij, in [0, log(M - 1)]: the
-  maximum (the paper's "unif" line) when the weights are uniform, 0 when one
-  negative takes all the weight. The mutual information of eq. 7 is
-  log(M - 1) - H. The paper averages this over validation mini-batches; call
-  it once per batch.
-
-  Args:
-    z_a: [M, D] query embeddings (normalised here), M >= 2.
-    z_b: [M, D] embeddings the negatives come from; None (default) uses z_a,
-      the paper's in-batch estimator (sec. 3.2). Passing the other view gives
-      the released small-scale code's cross-view negatives.
-    t_neg: CACR's t^- (2.0 for K=1 on CIFAR-10); it multiplies the squared
-      distance, so it acts as an inverse temperature.
-
-  Returns:
-    Scalar float32 entropy in nats.
+  z_a, z_b: [M, D] (normalised here), M >= 2; z_b None is z_a (the paper's
+  in-batch estimator), the other view the released code's cross-view
+  negatives. Call it once per mini-batch, as the paper averages it.
   """
   z_a = l2_normalize(z_a)
   z_b = z_a if z_b is None else l2_normalize(z_b)
@@ -81,7 +48,7 @@ def conditional_entropy(z_a: jax.Array, z_b: jax.Array | None = None, *,
   cost = jnp.maximum(2. - 2. * (z_a @ z_b.T), 0.)
   off = ~jnp.eye(m, dtype=bool)
   logw = jax.nn.log_softmax(jnp.where(off, -t_neg * cost, -jnp.inf), axis=1)
-  # The diagonal has weight 0; 0 * -inf would be NaN, so select it out.
+  # The diagonal's 0 * -inf would be NaN.
   plogp = jnp.where(off, jnp.exp(logw) * logw, 0.)
   return jnp.mean(-jnp.sum(plogp, axis=1))
 
@@ -89,23 +56,10 @@ def conditional_entropy(z_a: jax.Array, z_b: jax.Array | None = None, *,
 @jax.jit
 def semantic_sensitivity(f: jax.Array, labels: jax.Array,
                          g: jax.Array | None = None) -> jax.Array:
-  """MACL's S = E_{x != y} exp(-(H_xy - f(x).g(y))^2) (eq. 7), in [e^-4, 1].
-
-  H_xy = +1 for a same-class pair and -1 otherwise, and the dot product is
-  the cosine of L2-normalised features, so S = 1 when same-class pairs
-  coincide and different classes are antipodal; collapse gives
-  p_same + (1 - p_same) e^-4. The mean is over ordered pairs x != y (the
-  diagonal would add ~1/M), in row blocks so
-  memory is [block, M].
-
-  Args:
-    f: [M, D] features (normalised here), M >= 2.
-    labels: [M] int class ids.
-    g: [M, D] features of the second encoder; None (SimCLR: one encoder)
-      uses f.
-
-  Returns:
-    Scalar float32 (higher is better).
+  """MACL's S = E_{x != y} exp(-(H_xy - f(x).g(y))^2) (eq. 7), in [e^-4, 1]
+  (higher is better): H_xy = +1 for a same-class pair, else -1; f, g [M, D]
+  normalised here (g None: f, one encoder), labels [M], M >= 2; the mean over
+  ordered pairs x != y, in row blocks.
   """
   f = l2_normalize(f)
   g = f if g is None else l2_normalize(g)
@@ -134,24 +88,12 @@ def similarity_histograms(z_a, z_b, *, labels=None, bins: int = 50,
                           title: str | None = None) -> dict[str, np.ndarray]:
   """Cosine similarities of positive and negative pairs (+ optional PNG).
 
-  Positives are (z_a[i], z_b[i]); negatives are (z_a[i], z_b[j]) with i != j
-  and, if `labels` is given, labels[i] != labels[j] (so same-class pairs do
-  not count as negatives). If there are more than `max_negatives` such pairs,
-  a uniform sample of them (fixed `seed`) is returned.
-
-  Args:
-    z_a: [N, D] embeddings of one view.
-    z_b: [N, D] embeddings of the other view.
-    labels: optional [N] int class ids.
-    bins: histogram bins over [-1, 1].
-    max_negatives: cap on returned negative similarities.
-    seed: seed of the negative-pair sample.
-    path: if given, a PNG with both (density-normalised) histograms.
-    title: optional plot title.
-
-  Returns:
-    {'positive': [N], 'negative': [M], 'bin_edges': [bins + 1],
-     'positive_hist', 'negative_hist': [bins] densities}, numpy float64.
+  Positives are (z_a[i], z_b[i]) of [N, D] views; negatives (z_a[i], z_b[j])
+  with i != j and, given `labels` [N], of different classes: a uniform sample
+  (`seed`) of `max_negatives` where there are more. `bins` over [-1, 1];
+  `path`: a PNG of both density histograms, titled `title`. Returns numpy
+  {'positive': [N], 'negative': [M], 'bin_edges', 'positive_hist',
+  'negative_hist'}.
   """
   a = np.asarray(l2_normalize(jnp.asarray(z_a)), np.float64)
   b = np.asarray(l2_normalize(jnp.asarray(z_b)), np.float64)
@@ -171,8 +113,7 @@ def similarity_histograms(z_a, z_b, *, labels=None, bins: int = 50,
   if labels is not None:
     keep = labels[i] != labels[j]
     i, j = i[keep], j[keep]
-  # In chunks: gathering all pairs at once would hold 2 x num_pairs x D
-  # float64 values (18 GB for 1M pairs of 2304-d features).
+  # In chunks: all pairs at once would hold 2 x num_pairs x D float64.
   chunk = max(1, (1 << 24) // max(a.shape[1], 1))
   negative = np.concatenate(
       [np.einsum('nd,nd->n', a[i[s:s + chunk]], b[j[s:s + chunk]])
@@ -189,28 +130,16 @@ def similarity_histograms(z_a, z_b, *, labels=None, bins: int = 50,
             label=f'negative (n={negative.size})')
     ax.hist(np.clip(positive, -1, 1), edges, density=True, alpha=0.6,
             label=f'positive (n={positive.size})')
-    ax.set_xlabel('cosine similarity')
-    ax.set_ylabel('density')
+    ax.set(xlabel='cosine similarity', ylabel='density', title=title or '')
     ax.legend()
-    if title:
-      ax.set_title(title)
     _save(fig, path)
   return out
 
 
 def project_2d(feats, method: str = 'pca', *, seed: int = 0) -> np.ndarray:
-  """[N, D] features -> [N, 2] coordinates for a scatter plot.
-
-  Args:
-    feats: [N, D] features.
-    method: 'pca' (exact, via SVD of the centred features; the sign of each
-      axis fixed so that its largest |loading| is positive, deterministic
-      across LAPACKs) or 'tsne' (scikit-learn's Barnes-Hut t-SNE, perplexity
-      30, PCA init, on L2-normalised features: the cosine geometry that the
-      kNN and the losses see; stochastic, seeded by `seed`; ~6 s for 2k
-      points on 2 CPU cores).
-    seed: t-SNE's random state.
-  """
+  """[N, D] features -> [N, 2] coordinates: 'pca' (SVD of the centred
+  features, each axis' largest loading positive) or 'tsne' (scikit-learn's,
+  perplexity 30, PCA init, on L2-normalised features, seeded by `seed`)."""
   x = np.asarray(feats, np.float64)
   if method == 'tsne':
     from sklearn.manifold import TSNE  # pylint: disable=g-import-not-at-top
@@ -233,9 +162,8 @@ def project_2d(feats, method: str = 'pca', *, seed: int = 0) -> np.ndarray:
 def scatter_classes(ax, coords, labels, *, max_points: int = 10_000,
                     seed: int = 0, legend: bool = True,
                     names=None) -> None:
-  """Draws [N, 2] `coords` on `ax`, coloured by int `labels` (a sample of at
-  most `max_points`, drawn uniformly with `seed`); the legend names each
-  class by `names[label]` when given."""
+  """Draws [N, 2] `coords` on `ax` coloured by `labels` (a uniform sample of
+  <= `max_points`, `seed`); the legend names classes `names[label]`."""
   labels = np.asarray(labels)
   shown = np.arange(len(coords))
   if len(coords) > max_points:
@@ -256,29 +184,14 @@ def scatter_classes(ax, coords, labels, *, max_points: int = 10_000,
 def embedding_plot(feats, labels, path: str, method: str = 'pca', *,
                    title: str | None = None,
                    max_points: int = 10_000, seed: int = 0) -> np.ndarray:
-  """2-D projection of features, scattered and coloured by class, as a PNG.
-
-  Args:
-    feats: [N, D] features.
-    labels: [N] int class ids (colours).
-    path: output PNG path.
-    method: 'pca' or 'tsne' (see `project_2d`).
-    title: optional plot title.
-    max_points: at most this many points are drawn (uniform sample, `seed`);
-      the projection is fitted on all of them.
-    seed: seed of that sample and of t-SNE.
-
-  Returns:
-    [N, 2] coordinates of every point.
-  """
+  """A PNG at `path` of [N, D] `feats` projected by `method` (`project_2d`,
+  fitted on all) and scattered by class (`scatter_classes`); returns the
+  [N, 2] coordinates."""
   coords = project_2d(feats, method, seed=seed)
   fig, ax = _new_figure()
   scatter_classes(ax, coords, labels, max_points=max_points, seed=seed)
   name = {'pca': 'PC', 'tsne': 't-SNE'}[method]
-  ax.set_xlabel(f'{name} 1')
-  ax.set_ylabel(f'{name} 2')
-  if title:
-    ax.set_title(title)
+  ax.set(xlabel=f'{name} 1', ylabel=f'{name} 2', title=title or '')
   _save(fig, path)
   return coords
 
@@ -298,11 +211,8 @@ def _save(fig, path: str) -> None:
 
 
 def _to_host(*arrays, mask) -> list[np.ndarray]:
-  """Global arrays (sharded over processes) -> full host copies, real rows.
-
-  Every process gets the whole array (`process_allgather`), so keep this to
-  test-set-sized features.
-  """
+  """Global arrays -> full host copies of the real rows, on every process
+  (`process_allgather`: test-set-sized features only)."""
   mask = np.asarray(multihost_utils.process_allgather(mask, tiled=True))
   return [np.asarray(multihost_utils.process_allgather(a, tiled=True))[mask]
           for a in arrays]
@@ -310,11 +220,8 @@ def _to_host(*arrays, mask) -> list[np.ndarray]:
 
 def _embed_views(model, variables, data, mesh, *, batch_size: int, views_cfg,
                  seed: int):
-  """Embeddings of un-augmented images and of two augmented views.
-
-  Returns:
-    {'clean', 'view0', 'view1'} -> (features [M, F], projection [M, D]).
-  """
+  """{'clean', 'view0', 'view1'} -> (features [M, F], projection [M, D]) of
+  the un-augmented images and two augmented views."""
   sharding = NamedSharding(mesh, P('data'))
 
   @jax.jit
@@ -353,17 +260,14 @@ def batched_entropy(z_a, *, batch_size: int, t_neg: float) -> float:
 
 
 class Diagnostics(base.Evaluator):
-  """The papers' diagnostics of a trained encoder, on the evaluation split.
+  """The papers' diagnostics of a trained encoder on the evaluation split.
 
-  On two augmented views of every evaluation image (the run's first two
-  views, per-view overrides included) and on the un-augmented images, in the
-  projection and the feature space: Wang & Isola's alignment and uniformity,
-  CACR's conditional entropy of the negative weights (mini-batches of
-  `batch_size`, default the run's `config.batch_size`, as the paper averages
-  over mini-batches; t^- = `t_neg`), MACL's semantic sensitivity, the mean
-  positive and negative cosines; with an output directory, a histogram of
-  the cosines per space and a PCA plot of the features (PNG files).
-  Metrics: 'diagnostics/<space>/<name>'.
+  On the run's first two augmented views and the un-augmented images, in the
+  projection and feature spaces: alignment, uniformity, CACR's entropy
+  (mini-batches of `batch_size`, default `config.batch_size`; t^- =
+  `t_neg`), MACL's sensitivity, the mean positive and negative cosines; with
+  an output directory, cosine histograms and a PCA plot. Metrics:
+  'diagnostics/<space>/<name>'.
   """
   type = 'diagnostics'
   DEFAULTS = {'t_neg': 2., 'batch_size': 0, 'seed': 0}

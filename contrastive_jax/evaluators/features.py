@@ -1,10 +1,8 @@
 """Frozen, un-augmented features of a whole split, sharded by rows.
 
-Nothing here needs a process to see all devices: features are extracted batch
-by batch (each process reads its part of every batch) into global arrays
-sharded by rows over every device of every host, and stay there; the kNN and
-the logistic regression consume them sharded, and only `first_rows` brings a
-few rows back to the hosts (for plots).
+Each process reads its part of every batch; the features stay sharded over
+every device of every host, where the kNN and logistic regression read
+them; only `first_rows` brings a few back to the hosts.
 """
 
 from __future__ import annotations
@@ -23,14 +21,8 @@ from input_pipeline import pipeline
 
 
 class Features(NamedTuple):
-  """Features of a whole split as global arrays sharded by rows over the mesh.
-
-  No process holds them all on a multi-host mesh; rows whose `mask` is False
-  are padding (the padded tail of the last eval batch). The rows are the
-  split's in the order the devices hold them (`_stack_rows`), not the
-  split's own: `index` says which example each row is. The kNN and the
-  logistic regression do not depend on the order; `first_rows` restores it.
-  """
+  """A split's features, global arrays sharded by rows: rows with `mask`
+  False are padding; rows are in the devices' order, `index` the example."""
   x: jax.Array      # [M_pad, F] float32
   label: jax.Array  # [M_pad] int32
   mask: jax.Array   # [M_pad] bool
@@ -43,12 +35,8 @@ def variables_of(state):
 
 
 def make_feature_fn(model, mesh):
-  """Jitted (variables, images uint8 [B,H,W,C]) -> features [B, F].
-
-  `variables=None` gives the raw-pixel baseline (flattened, in [0, 1]). Built
-  once per run: every later call with the same shapes reuses the compilation
-  (the online monitors call it every `every_steps`).
-  """
+  """Jitted (variables, images uint8 [B,H,W,C]) -> features [B, F], built
+  once per run; `variables=None`: the raw pixels, flattened, in [0, 1]."""
   rows = NamedSharding(mesh, P('data'))
 
   @functools.partial(jax.jit, out_shardings=rows)
@@ -63,14 +51,9 @@ def make_feature_fn(model, mesh):
 
 @functools.partial(jax.jit, static_argnums=(0,))
 def _stack_rows(sharding, xs, labels, masks) -> Features:
-  """The batches of a split as one Features, without moving a row.
-
-  Batch i [B, ...] is sharded by rows over the mesh; stacking the batches on
-  axis 1 ([B, n, ...]) and merging the two axes keeps every row on the device
-  (and host) that computed it, where concatenating the batches in the split's
-  order would send most rows to another device: on a pod, the whole feature
-  matrix across hosts. Row b * n + i holds example i * B + b (`index`).
-  """
+  """The n batches [B, ...] of a split as one Features, stacked on axis 1
+  and merged so that no row leaves its device (concatenating would move most
+  of them): row b * n + i holds example i * B + b (`index`)."""
   b, n = xs[0].shape[0], len(xs)
   merge = lambda parts: jax.lax.with_sharding_constraint(
       jnp.stack(parts, axis=1).reshape((b * n,) + parts[0].shape[1:]),
@@ -87,12 +70,8 @@ def num_batches(source, batch_size: int) -> int:
 
 def extract_features(feature_fn, variables, source, mesh, batch_size: int,
                      bar=progress.NO_BAR) -> Features:
-  """Frozen, un-augmented features of every example of `source`.
-
-  Each process reads only its part of every eval batch (`eval_batches`); the
-  features stay on the devices, sharded by rows. `bar` advances by one per
-  batch.
-  """
+  """Frozen, un-augmented features of every example of `source`, sharded by
+  rows; `bar` advances by one per batch."""
   rows = NamedSharding(mesh, P('data'))
   xs, labels, masks = [], [], []
   for batch in pipeline.eval_batches(source, batch_size=batch_size,
@@ -115,11 +94,7 @@ def _first_rows(features: Features, n: int, replicated):
 
 def first_rows(features: Features, n: int) -> tuple[np.ndarray, np.ndarray]:
   """The split's first `n` real examples (x [n, F], labels [n]) in its own
-  order, on every host, as numpy.
-
-  The rows are picked by `index` and replicated by a jitted gather first, so
-  this works when no process holds the whole sharded array (multi-host).
-  """
+  order as numpy on every host (a jitted gather replicates them first)."""
   n = min(n, features.x.shape[0])
   replicated = NamedSharding(features.x.sharding.mesh, P())
   x, label, mask = jax.device_get(_first_rows(features, n, replicated))

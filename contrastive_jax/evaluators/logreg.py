@@ -1,18 +1,8 @@
 """Logistic regression on frozen (cached) features: preconditioned L-BFGS.
 
-`logistic_regression`: full-batch multinomial logistic regression with L2
-regularisation, solved to convergence with L-BFGS on a whitened
-parametrisation (W = P U, P whitening the features' covariance), which reaches
-the optimum in ~6x fewer passes over the features than plain L-BFGS on
-contrastive features, whose covariance is far from isotropic.
-Deterministic, no learning rate or epochs to tune; the cheap probe for
-monitoring, ablations and small features (features optionally L2-normalised
-first). Its numbers are not the papers' protocol, which trains a classifier by SGD on augmented images
-through the frozen encoder: that is `linear_eval.py`.
-
-Accuracies are fractions in [0, 1]. `LogReg` is the evaluator
-(`config.evals.<name>.type = 'logreg'`), the 'linear' accuracy of every
-results.json.
+Full batch, L2 penalty, solved in whitened coordinates (W = P U;
+docs/evaluation.md derives P): deterministic and nothing to tune, the cheap
+probe for monitoring, not the papers' protocol (`linear_eval.py`).
 """
 
 from __future__ import annotations
@@ -34,9 +24,8 @@ from contrastive_jax.losses.common import l2_normalize
 @functools.partial(jax.jit, static_argnames=('normalize',))
 def _inputs(train_x, train_y, train_mask, test_x, test_y, test_mask, *,
             normalize: bool):
-  """The probe's arrays, in one program: features float32 [N, D] / [M, D]
-  (L2-normalised per row if asked), labels int32, masks float32 (1 for real
-  rows). Each keeps its input's sharding."""
+  """Features float32 (L2-normalised if asked), labels int32, masks float32
+  (1 for real rows), in one program, each in its input's sharding."""
   def features(x):
     x = jnp.asarray(x, jnp.float32)
     return l2_normalize(x) if normalize else x
@@ -47,11 +36,8 @@ def _inputs(train_x, train_y, train_mask, test_x, test_y, test_mask, *,
 
 def _topk_accuracy(logits: jax.Array, labels: jax.Array, k: int,
                    mask: jax.Array | None = None) -> jax.Array:
-  """Fraction of (unmasked) rows whose label is among the k largest logits.
-
-  Counting logits strictly greater than the label's logit ranks ties in the
-  label's favour, so top-k with k >= num_classes is exactly 1.
-  """
+  """Fraction of (unmasked) rows whose label is among the k largest logits
+  (ties in the label's favour)."""
   true_logit = jnp.take_along_axis(logits, labels[:, None], axis=1)
   rank = jnp.sum(logits > true_logit, axis=1)
   if mask is None:
@@ -66,23 +52,16 @@ def _check_xy(x, y, name):
                      f'{np.shape(x)} and {np.shape(y)}.')
 
 
-# ---------------------------------------------------------------------------
-# Full-batch L-BFGS logistic regression.
-# ---------------------------------------------------------------------------
-
-
-# Rows of the strided sample that estimates the features' covariance for
-# the preconditioner: enough for a D <= 2048 covariance to ~1% (a few
-# eigenvalues further off only slow L-BFGS down a little; the optimum is the
-# same whatever P is), and a fraction of one L-BFGS iteration's cost at 60k.
+# Rows of the strided sample estimating the covariance for the
+# preconditioner: a D <= 2048 covariance to ~1% (P changes the speed, not the
+# optimum), a fraction of one iteration's cost at 60k.
 PRECOND_ROWS = 16384
 
 
 @functools.partial(jax.jit, static_argnames=('replicated',))
 def _moments(x, mask, *, replicated):
-  """(mu [D], Sigma [D, D]): mean and covariance of (a strided sample of <=
-  PRECOND_ROWS) unmasked rows of x, replicated on every device (`replicated`:
-  the mesh's replicated sharding; None for a single-device x)."""
+  """(mu [D], Sigma [D, D]) of a strided sample of <= PRECOND_ROWS unmasked
+  rows of x, in the `replicated` sharding (None off a mesh)."""
   stride = max(1, x.shape[0] // PRECOND_ROWS)
   xs, ms = x[::stride], mask[::stride, None]
   mu = jnp.sum(xs * ms, axis=0) / jnp.sum(ms)
@@ -118,9 +97,8 @@ def _layout(x) -> _Layout | None:
 
 
 def _split_rows(precond, layout: _Layout):
-  """P [D, D] -> [D', D] split by rows over the layout's axis: padded with
-  zero rows to a multiple of its devices (their columns of W^T are zero and
-  dropped), each device keeping its slice of the replicated P."""
+  """P [D, D] -> [D', D], zero-padded to a multiple of the layout's devices
+  and split by rows over its axis."""
   n = int(np.prod([layout.mesh.shape[a] for a in np.atleast_1d(layout.axis)]))
   precond = jnp.pad(precond, ((0, -precond.shape[0] % n), (0, 0)))
   return jax.lax.with_sharding_constraint(precond, jax.sharding.NamedSharding(
@@ -128,38 +106,16 @@ def _split_rows(precond, layout: _Layout):
 
 
 def _preconditioner(x, mask, l2: float, *, num_classes: int):
-  """(mu [D], P [D, D]): the features' mean and P = L^-T, where
-  L L^T = Sigma / C + l2 I (Cholesky).
-
-  The objective is solved in U with W = P U_w and b = U_b - mu^T W, i.e.
-  logits = (x - mu) P U_w + U_b: the Hessian of the mean softmax
-  cross-entropy in W at W = 0 is Sigma (x) (I / C - 1 1^T / C^2) once the
-  features are centred (centring also decouples W from the bias), and the
-  penalty adds l2 I, so in U the curvature P^T (Sigma / C + l2 I) P = I
-  along every direction, and L-BFGS's few curvature pairs need not learn
-  the feature spectrum (eigenvalues spanning ~5 orders of magnitude on
-  trained encoders' features). Any P with P P^T = (Sigma / C + l2 I)^-1
-  whitens alike, and two such P differ by a rotation of U, to which L-BFGS
-  (inner products, scaled identity as initial Hessian) is invariant: the
-  Cholesky factor gives the iterates of the symmetric (Sigma / C + l2 I)^-1/2
-  for D^3 / 3 flops, against an eigendecomposition's ~10x that (3136-d:
-  0.9 s against 4.6 s here).
-
-  The factorisation runs on the host, in float64, once per process: under
-  SPMD on a multi-device CPU mesh XLA runs a replicated factorisation on
-  every device at once (an eigh of a 3136-d covariance took 200 s on 8
-  virtual devices against 3 s on one), and float64 keeps directions the
-  data never spans (eigenvalue l2 = 1e-5, against float32's ~1e-7 ||Sigma||
-  error) well conditioned. Every process computes the same P from the same
-  replicated Sigma.
+  """(mu [D], P [D, D]): the features' mean and P = L^-T, L L^T = Sigma / C
+  + l2 I, so that logits = (x - mu) P U_w + U_b have unit curvature in U at 0
+  (docs/evaluation.md). Factored on the host in float64, once per process.
   """
   replicated = _replicated(x)
   mu, cov = _moments(x, mask, replicated=replicated)
   d = cov.shape[0]
   chol = np.linalg.cholesky(np.asarray(cov, np.float64) / num_classes
                             + l2 * np.eye(d))
-  # L^-1 by LAPACK's triangular inverse: D^3 / 3 flops, a third of solving
-  # L X = I (3136-d: 0.28 s against 1.15 s here; equal to 5e-16).
+  # LAPACK's triangular inverse: a third of solving L X = I's flops.
   inverse, info = scipy.linalg.lapack.dtrtri(chol, lower=1)
   if info:
     raise np.linalg.LinAlgError(f'dtrtri failed (info={info}).')
@@ -170,23 +126,9 @@ def _preconditioner(x, mask, l2: float, *, num_classes: int):
 
 
 def _weights(u, mu, precond, layout: _Layout | None = None):
-  """The probe's (W^T [C, D], b [C]) from the solver's U (`_preconditioner`).
-
-  U's weights are held as U_w^T [C, D], so W^T = U_w^T P^T: the logits
-  x W = x (W^T)^T then have a gradient of the form g^T x ([C, N] x [N, D]),
-  which XLA:CPU computes ~3x faster than x^T g, the transpose autodiff
-  makes of x @ W [D, C] (one value-and-gradient at N = 60k, D = 2304 on 8
-  virtual devices: 330 -> 196 ms). The iterates do not depend on the
-  layout (L-BFGS uses inner products only).
-
-  On a mesh (`layout`; P split by rows by `_split_rows`), each device
-  computes its columns of W^T, C D^2 / devices flops with every entry's
-  sum whole, and only the columns are gathered (C x D floats). With P
-  replicated every device would compute all of W^T, C D^2 flops each, more
-  than the data term once D is large against N / devices (2048 x 3136
-  features on 8 virtual devices: the fit took 2x as long). A shard_map,
-  because given a split P the partitioner gathers P (D x D) back instead.
-  """
+  """(W^T [C, D], b [C]) from the solver's U: W^T = U_w^T P^T (transposed:
+  XLA:CPU's gradient g^T x is ~3x faster than x^T g). On a mesh each device
+  computes its columns of W^T from its rows of P, in a shard_map."""
   if layout is None:
     wt = u['w'] @ precond.T
   else:
@@ -203,15 +145,8 @@ def _weights(u, mu, precond, layout: _Layout | None = None):
 
 
 def _objective(x, y, mask, l2, mu, precond, layout=None):
-  """U -> mean CE(x W + b, y) + l2 / 2 ||W||^2, (W^T, b) = `_weights(U)`.
-
-  x: [N, D] float32 features (sharded by rows or not: under jit the
-  partitioner reduces the mean across devices and processes); y: [N] int32
-  labels; mask: [N] float32, 1 for real rows, 0 for padding (left out of the
-  mean); mu, precond: [D], [D, D] (split by rows on a mesh); layout: see
-  `_weights`. The cost per evaluation is that of plain logistic regression
-  (N D C) plus D^2 C (split over the devices).
-  """
+  """U -> mean over real rows (mask 1) of CE(x W + b, y) + l2 / 2 ||W||^2,
+  (W^T, b) = `_weights(U)`; x [N, D], y [N], mask [N], sharded or not."""
   def objective(u):
     wt, b = _weights(u, mu, precond, layout)
     logits = jnp.einsum('nd,cd->nc', x, wt) + b
@@ -245,12 +180,8 @@ def _progress(state):
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _initial_carry(num_classes: int, d: int):
-  """(U = 0, L-BFGS state): U_w^T [C, D] and U_b [C].
-
-  optax's initial state holds weakly typed scalars, which one iteration
-  turns strong: made strong here, so that every chunk of `_fit_logistic`
-  shares one compilation of `_lbfgs_until`.
-  """
+  """(U = 0: U_w^T [C, D], U_b [C]; L-BFGS state), strongly typed so that
+  every chunk of `_fit_logistic` shares one compilation."""
   params = {'w': jnp.zeros((num_classes, d), jnp.float32),
             'b': jnp.zeros((num_classes,), jnp.float32)}
   return jax.tree.map(lambda a: a.astype(a.dtype),
@@ -260,15 +191,8 @@ def _initial_carry(num_classes: int, d: int):
 @functools.partial(jax.jit, static_argnames=('layout',))
 def _lbfgs_until(carry, x, y, mask, l2, mu, precond, tol, until, *,
                  layout=None):
-  """L-BFGS iterations from `carry` until `until` in all or ||grad|| < tol.
-
-  `until` is traced: the chunks of one fit share one compilation. The
-  gradient is in U (the preconditioned parameters). layout: x's mesh's
-  `_Layout`, None off a mesh.
-
-  Returns:
-    (carry, (iterations so far, ||grad_U||)).
-  """
+  """L-BFGS from `carry` until `until` iterations in all (traced) or
+  ||grad_U|| < tol: (carry, (iterations so far, ||grad_U||))."""
   def not_done(carry):
     count, grad_norm = _progress(carry[1])
     return (count == 0) | ((count < until) & (grad_norm >= tol))
@@ -282,8 +206,7 @@ def _lbfgs_until(carry, x, y, mask, l2, mu, precond, tol, until, *,
 
 @jax.jit
 def _solution(carry, mu, precond):
-  """The probe {'w': [D, C], 'b': [C]} and its final objective from the
-  solver's carry (`_weights`)."""
+  """({'w': [D, C], 'b': [C]}, final objective) from the solver's carry."""
   u, state = carry
   wt, b = _weights(u, mu, precond)
   return {'w': wt.T, 'b': b}, optax.tree.get(state, 'value')
@@ -291,15 +214,10 @@ def _solution(carry, mu, precond):
 
 def _fit_logistic(x, y, mask, l2, tol, *, num_classes, max_iter,
                   precondition=True, on_progress=None):
-  """Minimises the probe's objective (`_objective`) with L-BFGS from zero.
-
-  Runs in ~10 jitted chunks of iterations, so that `on_progress(iterations,
-  max_iter)` can report after each; the iterates are those of one loop.
-  precondition=False: mu = 0, P = I (plain L-BFGS on W and b).
-
-  Returns:
-    (params {'w': [D, C], 'b': [C]}, final objective, iterations, ||grad_U||).
-  """
+  """L-BFGS on `_objective` from zero, in ~10 jitted chunks (the iterates of
+  one loop) reported to `on_progress(iterations, max_iter)`; without
+  `precondition`, mu = 0 and P = I. Returns (params, objective, iterations,
+  ||grad_U||)."""
   d = x.shape[1]
   l2, tol = np.float32(l2), np.float32(tol)   # The objective's float32 values.
   if precondition:
@@ -307,8 +225,7 @@ def _fit_logistic(x, y, mask, l2, tol, *, num_classes, max_iter,
   else:
     mu, precond = np.zeros((d,), np.float32), np.eye(d, dtype=np.float32)
   carry = _initial_carry(num_classes, d)
-  # A chunk returns its carry replicated on x's mesh: placed so here, the
-  # first chunk shares the others' compilation.
+  # Replicated as a chunk returns it: one compilation for every chunk.
   if (replicated := _replicated(x)) is not None:
     carry, mu, precond = jax.device_put((carry, mu, precond), replicated)
   layout = _layout(x)
@@ -342,35 +259,18 @@ def logistic_regression(train_x, train_y, test_x, test_y, *, num_classes: int,
                         max_iter: int = 50, tol: float = 1e-5,
                         precondition: bool = True, train_mask=None,
                         test_mask=None, on_progress=None) -> dict[str, float]:
-  """Multinomial logistic-regression probe (full batch, L-BFGS, in JAX).
+  """Multinomial logistic-regression probe (full batch, L-BFGS, from zero).
 
-  Minimises  mean_i CE(W x_i + b, y_i) + l2 / 2 * ||W||_F^2  (the bias is not
-  penalised). This is scikit-learn's `LogisticRegression(C=1 / (l2 * N_train))`
-  objective (lbfgs solver, multinomial), up to a factor of N_train.
+  Minimises mean_i CE(W x_i + b, y_i) + l2 / 2 ||W||_F^2 (bias unpenalised):
+  scikit-learn's `LogisticRegression(C=1 / (l2 N_train))` up to a factor
+  N_train.
 
-  Deterministic: zero initialisation, full batch, no randomness.
-
-  Args:
-    train_x: [N, D] training features (numpy or jax).
-    train_y: [N] int labels in [0, num_classes).
-    test_x: [M, D] test features.
-    test_y: [M] int labels.
-    num_classes: C.
-    l2: weight-decay coefficient on the mean loss. The default suits
-      L2-normalised features (unit-norm inputs need large weights).
-    normalize: L2-normalise every feature row (train and test) first.
-    max_iter: cap on L-BFGS iterations. Preconditioned, 50 is within 0.05
-      point of the optimum's accuracy on the flattened-map features of
-      configs/base.py (50k x 2304) and on Fashion-MNIST pixels, where
-      plain L-BFGS needs ~300.
-    tol: stop once ||grad||_2 < tol (the gradient in U = P^-1 W).
-    precondition: solve in U = P^-1 W (`_preconditioner`); False: plain
-      L-BFGS on W (the same optimum, more iterations).
-    train_mask, test_mask: [N] / [M] bool, False for padding rows (the
-      padded tails of a multi-process feature array); default all real.
-      Features and labels may be global jax Arrays sharded over processes.
-    on_progress: called as on_progress(iterations so far, max_iter) about
-      ten times during the fit (a progress bar).
+  Features [N, D] / [M, D] (numpy or global jax arrays), labels in [0, C);
+  masks [N] / [M] bool, False for padding rows. `normalize` L2-normalises
+  rows first; `max_iter` caps L-BFGS (preconditioned, 50 is within 0.05
+  point of the optimum on configs/base.py's features); `tol` stops at
+  ||grad_U|| < tol; `precondition` False: plain L-BFGS on W;
+  `on_progress(iterations, max_iter)` is called ~10 times.
 
   Returns:
     {'top1', 'top5': test accuracy, 'train_top1', 'loss': final training
@@ -391,22 +291,15 @@ def logistic_regression(train_x, train_y, test_x, test_y, *, num_classes: int,
       on_progress=on_progress)
   top1, top5, train_top1 = _probe_accuracies(params, x, y, train_mask, tx, ty,
                                              test_mask)
-  return {
-      'top1': float(top1),
-      'top5': float(top5),
-      'train_top1': float(train_top1),
-      'loss': float(value),
-      'num_iter': int(count),
-      'grad_norm': float(grad_norm),
-  }
+  return {'top1': float(top1), 'top5': float(top5),
+          'train_top1': float(train_top1), 'loss': float(value),
+          'num_iter': int(count), 'grad_norm': float(grad_norm)}
 
 
 class LogReg(base.Evaluator):
   """`logistic_regression` on L2-normalised features of the training split,
-  scored on the evaluation split.
-
-  Config fields: `l2` (the regulariser), `max_iter` (L-BFGS iterations).
-  Metrics: 'linear_top1', 'linear_top5', ... (`logistic_regression`'s).
+  scored on the evaluation split. Config fields: `l2`, `max_iter`. Metrics:
+  'linear_top1', 'linear_top5', ...
   """
   type = 'logreg'
   DEFAULTS = {'l2': 1e-5, 'max_iter': 50}

@@ -1,19 +1,12 @@
 """Contrastive objectives as pure, jit-compatible functions.
 
-Every loss has the signature ``loss_fn(inputs..., *, hyperparameters) ->
-(loss, metrics)``; see `common.py` for the input convention. A config selects a
-loss by name through `LOSSES` (or `get_loss`, which raises a clear error for an
-unknown name).
+Every loss is `loss(inputs..., *, hyperparameters) -> (loss, metrics)`
+(docs/losses.md). `LOSSES` maps each name a config may give to its function;
+`apply` calls one with the inputs its signature names:
 
-One way to call any loss by name: put what you have in a `LossInputs` and
-`apply` passes each loss the inputs its signature names (the train step, the
-examples, the benchmarks and the tests all call losses this way):
-
-    >>> from contrastive_jax import losses
     >>> loss, metrics = losses.ntxent(z, temperature=0.1)   # z: [N, V, D]
     >>> loss, metrics = losses.apply(
-    ...     'infonce', losses.LossInputs(z=q, key=k, queue=queue),
-    ...     temperature=0.2)
+    ...     'infonce', losses.LossInputs(z=q, key=k, queue=queue))
 """
 
 import inspect
@@ -22,15 +15,7 @@ from collections.abc import Callable
 import flax
 import jax
 
-# Modules are named by idea, not by method, so that the method names below
-# (`losses.cacr`, ...) are the functions and never shadow a module.
-from contrastive_jax.losses import attraction_repulsion  # CACR
-from contrastive_jax.losses import baselines             # AU-CL, HN-CL, DCL
-from contrastive_jax.losses import instance              # NT-Xent, MoCo, ...
-from contrastive_jax.losses import joint                 # JCL
-from contrastive_jax.losses import model_aware           # MACL
-from contrastive_jax.losses import regression            # BYOL
-from contrastive_jax.losses import supervised            # SupCon, TCL
+# Modules are named by idea, so that none shadows a loss's name.
 from contrastive_jax.losses.attraction_repulsion import cacr
 from contrastive_jax.losses.baselines import align_uniform, dcl, hard_negative
 from contrastive_jax.losses.common import l2_normalize
@@ -40,16 +25,12 @@ from contrastive_jax.losses.model_aware import macl
 from contrastive_jax.losses.regression import byol
 from contrastive_jax.losses.supervised import supcon, tcl
 
-# Each module lists its own losses in a module-level `LOSSES` dict; the union is
-# the public registry.
+# The registry: the one place a loss is listed.
 LOSSES: dict[str, Callable] = {
-    **instance.LOSSES,
-    **supervised.LOSSES,
-    **baselines.LOSSES,
-    **attraction_repulsion.LOSSES,
-    **model_aware.LOSSES,
-    **joint.LOSSES,
-    **regression.LOSSES,
+    'ntxent': ntxent, 'infonce': infonce, 'insdis': insdis, 'cmc': cmc,
+    'supcon': supcon, 'tcl': tcl,
+    'align_uniform': align_uniform, 'hard_negative': hard_negative, 'dcl': dcl,
+    'cacr': cacr, 'macl': macl, 'jcl': jcl, 'byol': byol,
 }
 
 
@@ -58,12 +39,9 @@ class LossInputs:
   """Everything a loss can take besides its hyperparameters.
 
   Attributes:
-    z: [N, V, D] online embeddings (the queries); gradients flow here. Every
-      loss's first argument.
-    key: [N, Vk, D] targets of the same instances: key-encoder embeddings
-      (MoCo, JCL, CACR-MoCo) or their memory-bank rows (InsDis).
-    queue: negatives, [Q, D] (a MoCo queue, CMC's bank sample) or [N, K, D]
-      (InsDis's per-instance noise rows).
+    z: [N, V, D] online embeddings, every loss's first argument.
+    key: [N, Vk, D] key-encoder embeddings or memory-bank rows.
+    queue: negatives, [Q, D] or [N, K, D] (InsDis's per-instance noise).
     labels: [N] int class ids (supervised losses).
   """
   z: jax.Array
@@ -76,11 +54,7 @@ _OPTIONAL_INPUTS = ('key', 'queue', 'labels')
 
 
 def inputs_of(name: str) -> tuple[frozenset[str], frozenset[str]]:
-  """(accepted, required) `LossInputs` fields of loss `name`, from its signature.
-
-  The first parameter always takes `z`; `key`, `queue` and `labels` are
-  inputs when the signature names them, required when it gives no default.
-  """
+  """(accepted, required) `LossInputs` fields of loss `name`'s signature."""
   params = inspect.signature(get_loss(name)).parameters
   accepted, required = {'z'}, {'z'}
   for field in _OPTIONAL_INPUTS:
@@ -94,12 +68,8 @@ def inputs_of(name: str) -> tuple[frozenset[str], frozenset[str]]:
 def apply(name: str, inputs: LossInputs, **hyperparameters):
   """Calls loss `name` with the inputs it takes: (loss, metrics).
 
-  An input the signature requires (no default) is passed even when None,
-  so the loss's own check explains what is missing.
-
-  Raises:
-    ValueError: `inputs` holds an input the loss does not take (e.g. labels
-      for an unsupervised loss), which would otherwise be silently dropped.
+  A required input is passed even when None, for the loss's own check; an
+  input the loss does not take raises ValueError.
   """
   fn = get_loss(name)
   accepted, required = inputs_of(name)
@@ -121,7 +91,7 @@ def names() -> tuple[str, ...]:
 
 
 def get_loss(name: str) -> Callable:
-  """Returns the loss registered as `name`; ValueError listing the known ones."""
+  """The loss registered as `name`; ValueError listing the known ones."""
   try:
     return LOSSES[name]
   except KeyError:
@@ -130,12 +100,7 @@ def get_loss(name: str) -> Callable:
 
 
 def default_kwarg(name: str, kwarg: str):
-  """The default of keyword argument `kwarg` in loss `name`'s signature.
-
-  The loss's signature is the one place a default lives; callers that need it
-  outside a call (`step.Loss.from_config`: the base value of a scheduled
-  one, such as JCL's lambda) read it from here.
-  """
+  """The default of `kwarg` in loss `name`'s signature (its one home)."""
   param = inspect.signature(get_loss(name)).parameters.get(kwarg)
   if param is None or param.default is inspect.Parameter.empty:
     raise ValueError(f'loss {name!r} has no keyword argument {kwarg!r} with a '

@@ -1,21 +1,7 @@
-"""Helpers shared by every loss: normalisation and input validation.
+"""Helpers shared by the losses: normalisation, masks and input checks.
 
-Every loss in this package follows one convention:
-
-* in-batch losses take ``z: [N, V, D]`` (N instances, V views of each);
-* losses with a key encoder take ``query: [N, Vq, D]`` and ``key: [N, Vk, D]``
-  and optional negatives ``queue: [Q, D]`` (a MoCo queue or a memory bank);
-* supervised losses also take ``labels: [N]`` (int);
-* hyperparameters are keyword-only, with the paper's defaults;
-* the return value is ``(loss, metrics)``: a float32 scalar and a flat dict of
-  float32 scalars.
-
-Inputs are L2-normalised inside the loss; similarities are computed in float32
-whatever the input dtype, so bfloat16 embeddings are safe at small
-temperatures, and in full float32 on every backend (`float32_matmuls`).
+The conventions (shapes, float32, masks, queues) are in docs/losses.md.
 """
-
-from __future__ import annotations
 
 import functools
 from collections.abc import Callable
@@ -26,20 +12,12 @@ import jax.numpy as jnp
 Metrics = dict[str, jax.Array]
 LossOutput = tuple[jax.Array, Metrics]
 
+MASKED = -1e9      # Logit of masked-out entries: finite, exp() is exactly 0.
+MAX_VIEWS = 64     # The most views per instance a recipe makes (2 + 8 crops).
+
 
 def float32_matmuls(fn: Callable) -> Callable:
-  """`fn` with every matrix product it traces in full float32.
-
-  A float32 matmul's default precision depends on the backend: exact float32
-  on CPUs, TF32 (a 10-bit mantissa, ~1e-3 relative error) on NVIDIA GPUs,
-  bf16 passes on TPUs. A loss divides cosine similarities by a temperature
-  of 0.05-0.5 before a softmax, which turns 1e-3 errors in the similarities
-  into errors of 1e-2 in the logits. The losses' products ([N, D] x [D, N]
-  and similar) cost little next to the encoder's, so every loss runs them in
-  full precision, forward and backward, whatever
-  `jax_default_matmul_precision` says; the encoder's precision is the
-  config's (`config.model.dtype`).
-  """
+  """`fn` with every matrix product it traces in full float32 precision."""
   @functools.wraps(fn)
   def wrapped(*args, **kwargs):
     with jax.default_matmul_precision('float32'):
@@ -48,27 +26,70 @@ def float32_matmuls(fn: Callable) -> Callable:
 
 
 def l2_normalize(x: jax.Array, axis: int = -1, eps: float = 1e-12) -> jax.Array:
-  """Returns x / ||x|| along `axis`, computed in float32.
-
-  Uses rsqrt(max(sum_sq, eps)) (as BYOL does) so that an all-zero vector maps to
-  zero with a finite gradient instead of NaN.
-  """
+  """x / ||x|| along `axis` in float32; a zero vector maps to 0, not NaN."""
   x = jnp.asarray(x, jnp.float32)
   sum_sq = jnp.sum(x * x, axis=axis, keepdims=True)
   return x * jax.lax.rsqrt(jnp.maximum(sum_sq, eps))
 
 
-# The most views per instance a recipe makes (multi-crop: 2 + 8).
-MAX_VIEWS = 64
+def in_batch(z, min_instances: int = 1):
+  """Checks z [N, V >= 2, D]; (rows, cosines, pos, neg, self masks), M = N*V.
 
-
-def check_views(z, name: str, *, min_views: int = 1, max_views: int | None = None
-                ) -> None:
-  """Raises ValueError unless `z` is [N, V, D] with min_views <= V <= max_views.
-
-  Shapes are static under jit, so this check costs nothing at run time and
-  fails at trace time with a message naming the argument.
+  rows: [M, D] unit, instance-major (row i*V + v); the rest [M, M].
   """
+  check_views(z, 'z', min_views=2)
+  n, v, d = z.shape
+  if n < min_instances:
+    raise ValueError(f'z must hold at least {min_instances} instances (shape '
+                     f'[N, V, D]); got shape {tuple(z.shape)}.')
+  zf = l2_normalize(z).reshape(n * v, d)
+  inst = jnp.repeat(jnp.arange(n), v)
+  same = inst[:, None] == inst[None, :]
+  self_mask = jnp.eye(n * v, dtype=bool)
+  return zf, zf @ zf.T, same & ~self_mask, ~same, self_mask
+
+
+def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+  """Mean of x over mask (0 when the mask is empty), as a float32 scalar."""
+  total = jnp.sum(jnp.where(mask, x, 0.))
+  return (total / jnp.maximum(jnp.sum(mask), 1)).astype(jnp.float32)
+
+
+def unit_queue(queue: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(queue in float32 under stop_gradient, [Q] inverse row norms)."""
+  queue = jax.lax.stop_gradient(jnp.asarray(queue, jnp.float32))
+  return queue, jax.lax.rsqrt(jnp.maximum(jnp.sum(queue * queue, -1), 1e-12))
+
+
+def queue_logits(anchors: jax.Array, queue: jax.Array,
+                 temperature: float) -> jax.Array:
+  """[A, Q] cosine logits of unit `anchors` [A, D] against raw `queue` rows."""
+  queue, inv_norm = unit_queue(queue)
+  return (anchors @ queue.T) * (inv_norm / temperature)[None, :]
+
+
+def pair_sims(a: jax.Array, b: jax.Array, pairs) -> jax.Array:
+  """[P, N, N] cosines of view p[0] of `a` [N, Va, D] with view p[1] of `b`."""
+  a_idx = jnp.array([p[0] for p in pairs])
+  b_idx = jnp.array([p[1] for p in pairs])
+  return jnp.einsum('npd,mpd->pnm', a[:, a_idx], b[:, b_idx])
+
+
+def check_choice(name: str, value, options) -> None:
+  """Raises ValueError unless `value` is one of `options`."""
+  if value not in options:
+    raise ValueError(f'{name} must be {" or ".join(map(repr, options))}; got '
+                     f'{value!r}.')
+
+
+def check_temperature(temperature) -> None:
+  if isinstance(temperature, (int, float)) and temperature <= 0:
+    raise ValueError(f'temperature must be > 0; got {temperature}.')
+
+
+def check_views(z, name: str, *, min_views: int = 1,
+                max_views: int | None = None) -> None:
+  """Raises ValueError unless `z` is [N, V, D], min_views <= V <= max_views."""
   shape = jnp.shape(z)
   if len(shape) != 3:
     raise ValueError(
@@ -76,9 +97,7 @@ def check_views(z, name: str, *, min_views: int = 1, max_views: int | None = Non
         f'{tuple(shape)}. Stack views with jnp.stack(views, axis=1).')
   n, v = shape[0], shape[1]
   if v > max(n, MAX_VIEWS):
-    # More views than instances, and more than any recipe makes: most likely
-    # views stacked first. (Where both counts are plausible, the shape
-    # cannot tell the layouts apart.)
+    # More views than instances and than any recipe makes: views stacked first.
     raise ValueError(
         f'{name} has shape {tuple(shape)}: {v} views of {n} instances. {name} '
         f'is [N, V, D]; views stacked first ([V, N, D]) need '

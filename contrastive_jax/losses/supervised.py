@@ -1,31 +1,21 @@
 """Supervised contrastive losses: SupCon (Khosla et al. 2020) and TCL.
 
-Both use the multi-positive batch of SupCon: the N*V embeddings of `z` are the
-anchors I; P(i) holds the other embeddings with anchor i's label (including
-i's other views), N(i) those with a different label, A(i) = I \\ {i}. With
-instance labels (each instance its own class) both reduce to NT-Xent.
+Of the N*V embeddings, P(i) holds the others with anchor i's label (its other
+views included), N(i) those with another label.
 """
-
-from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
 from contrastive_jax.losses import common
-from contrastive_jax.losses import instance
 
-_MASKED = instance._MASKED  # pylint: disable=protected-access
-_masked_mean = instance._masked_mean  # pylint: disable=protected-access
+_MASKED = common.MASKED
 
 
 def _label_batch(z, labels, *, supervised: bool):
-  """Validates inputs; returns the batch's similarities, masks and counts.
+  """Checks inputs; (cosines, P, N, self masks, |P(i)|, |N(i)|) over M = N*V.
 
-  Returns (sim, pos, neg, self_mask, n_pos, n_neg): sim [M, M] cosines of the
-  M = N*V flattened embeddings; pos, neg, self_mask [M, M] bool masks of P(i),
-  N(i) and {i}; n_pos = |P(i)|, n_neg = |N(i)| [M] int32. The counts come
-  from the sorted labels (O(M log M)) rather than from summing the [M, M]
-  masks: on CPU each masked count is a full pass over M^2 entries.
+  The [M, M] masks' counts [M] come from the sorted labels, in O(M log M).
   """
   common.check_views(z, 'z', min_views=1 if supervised else 2)
   n, v, _ = z.shape
@@ -49,11 +39,7 @@ def _label_batch(z, labels, *, supervised: bool):
 
 
 def _reduce(per_anchor: jax.Array, n_pos: jax.Array) -> jax.Array:
-  """Mean over anchors that have at least one positive.
-
-  An anchor without positives (V = 1 and a class seen once in the batch) has
-  an undefined loss; it is left out of the mean instead of producing NaN.
-  """
+  """Mean over the anchors with a positive (the others' loss is undefined)."""
   valid = n_pos > 0
   return (jnp.sum(jnp.where(valid, per_anchor, 0.))
           / jnp.maximum(jnp.sum(valid), 1)).astype(jnp.float32)
@@ -67,13 +53,11 @@ def _mean_over(x: jax.Array, mask: jax.Array, counts: jax.Array) -> jax.Array:
 
 def _base_metrics(sim, logits, pos, neg, n_pos, n_neg):
   """pos_sim, neg_sim, acc, num_pos; `logits` has the self entries masked."""
-  m = sim.shape[0]
-  has_pos = n_pos > 0
-  hit = pos[jnp.arange(m), jnp.argmax(logits, -1)]
+  hit = pos[jnp.arange(sim.shape[0]), jnp.argmax(logits, -1)]
   return {
       'pos_sim': _mean_over(sim, pos, n_pos),
       'neg_sim': _mean_over(sim, neg, n_neg),
-      'acc': _masked_mean(hit, has_pos),
+      'acc': common.masked_mean(hit, n_pos > 0),
       'num_pos': jnp.mean(n_pos).astype(jnp.float32),
   }
 
@@ -83,35 +67,25 @@ def supcon(z: jax.Array, labels: jax.Array, *, temperature: float = 0.1,
            variant: str = 'out') -> common.LossOutput:
   """Supervised contrastive loss (Khosla et al. 2020), L_out or L_in.
 
-  With P(i), A(i) as in the module docstring and s = cos / tau:
-
-    L_out,i = -1/|P(i)| sum_{p in P(i)} log( e^{s_ip} / sum_{a in A(i)}
-              e^{s_ia} )                                         (eq. 2)
-    L_in,i  = -log( 1/|P(i)| sum_{p in P(i)} e^{s_ip} / sum_{a in A(i)}
-              e^{s_ia} )                                         (eq. 3)
-
-  The loss is the mean over anchors (the paper writes a sum; the reference
-  code and TCL's code take the mean). SupContrast's extra tau / 0.07 factor is
-  not applied here (TCL's code drops it too); `config.loss_scale` applies it
-  in the train step (configs/papers/supcon.py).
-  L_in <= L_out by Jensen. With instance labels and V = 2, L_out is NT-Xent.
-  Anchors without any positive (V = 1, singleton class) are excluded.
+  L_out,i = -1/|P(i)| sum_{p in P(i)} log(e^{s_ip} / sum_{a != i} e^{s_ia})
+  (Eq. 2); L_in puts the mean over P(i) inside the log (Eq. 3); s = cos / tau.
+  The mean over anchors with a positive, as the SupContrast code, without its
+  tau / 0.07 factor (`config.loss_scale` applies it).
 
   Args:
     z: [N, V, D] embeddings, V >= 1.
     labels: [N] int class ids.
     temperature: tau (0.1 as in SupCon's CIFAR runs and TCL).
-    variant: 'out' (eq. 2, recommended by the paper) or 'in' (eq. 3).
+    variant: 'out' (Eq. 2) or 'in' (Eq. 3).
 
   Returns:
-    (loss, metrics): scalar loss; metrics hold `pos_sim`, `neg_sim`, `acc`
-    (nearest non-self embedding shares the label) and `num_pos` (mean |P(i)|).
+    (loss, metrics) with `pos_sim`, `neg_sim`, `acc` (the nearest non-self
+    embedding shares the label) and `num_pos` (mean |P(i)|).
   """
-  if variant not in ('out', 'in'):
-    raise ValueError(f"variant must be 'out' or 'in'; got {variant!r}.")
+  common.check_choice('variant', variant, ('out', 'in'))
   sim, pos, neg, self_mask, n_pos, n_neg = _label_batch(z, labels,
                                                         supervised=True)
-  instance._check_temperature(temperature)  # pylint: disable=protected-access
+  common.check_temperature(temperature)
   logits = jnp.where(self_mask, _MASKED, sim / temperature)
   lse_all = jax.nn.logsumexp(logits, axis=-1)
   if variant == 'out':
@@ -129,45 +103,24 @@ def supcon(z: jax.Array, labels: jax.Array, *, temperature: float = 0.1,
 def tcl(z: jax.Array, labels: jax.Array | None = None, *,
         k1: float | None = None, k2: float | None = None,
         temperature: float | None = None) -> common.LossOutput:
-  """Tuned Contrastive Learning (Animesh 2023, eqs. 4.1-4.4).
+  """Tuned Contrastive Learning (Animesh 2023, Eqs. 4.1-4.4).
 
-  SupCon L_out with two extra terms in the denominator (s = cosine):
-
-    L_i = -1/|P(i)| sum_{p in P(i)} log( e^{s_ip / tau} / D_i )
-    D_i = sum_{p in P(i)} e^{s_ip / tau} + k1 sum_{p in P(i)} e^{-s_ip}
-          + k2 sum_{n in N(i)} e^{s_in / tau}
-
-  The k1 term has no temperature (eq. 4.3; confirmed by eq. 4.8 and the
-  official code). Evaluated stably as log D_i - mean_p s_ip / tau with log D_i
-  a logsumexp over the three groups. Mean over anchors (the official code; the
-  thesis writes a sum). k1 = 0, k2 = 1 gives exactly SupCon L_out; with
-  additionally V = 2 and labels=None, NT-Xent. k1 = k2 = 0 is *not* SupCon
-  (the negatives vanish). The thesis requires k1, k2 >= 1; any k1 >= 0,
-  k2 > 0 is accepted so that the reductions can be used.
-
-  Defaults depend on the mode (the thesis's settings):
-
-    | mode                         | k1   | k2  | tau |
-    | supervised (labels given)    | 5000 | 1   | 0.1 |
-    | self-supervised (labels=None)| 1    | 1.5 | 0.2 |
-
-  (the self-supervised tau is not stated in the thesis; 0.2 is solo-learn's
-  SimCLR value, the note's recommendation). Self-supervised TCL uses V = 3
-  views ("positive triplets") and instance labels.
+  L_i = -1/|P(i)| sum_{p in P(i)} log(e^{s_ip / tau} / D_i), with
+  D_i = sum_P e^{s_ip / tau} + k1 sum_P e^{-s_ip} + k2 sum_{N(i)} e^{s_in / tau}
+  (s = cosine), the mean over anchors as in the official code. Defaults:
+  k1, k2, tau = 5000, 1, 0.1 with labels; 1, 1.5, 0.2 without (instance
+  labels, V = 3 in the thesis).
 
   Args:
     z: [N, V, D] embeddings; V >= 1 with labels, V >= 2 without.
     labels: [N] int class ids, or None for self-supervised TCL.
-    k1: weight of the positives' e^{-s} term (None: mode default).
-    k2: weight of the negatives' sum (None: mode default).
+    k1: weight of the positives' e^{-s} term, >= 0 (None: mode default).
+    k2: weight of the negatives' sum, > 0 (None: mode default).
     temperature: tau (None: mode default).
 
   Returns:
-    (loss, metrics): scalar loss; metrics hold `pos_sim`, `neg_sim`, `acc`,
-    `num_pos`, and the thesis's gradient diagnostics (Sec. 3.4, Figs. 5.5 and
-    5.7): `pos_grad_coef`, the batch mean of the per-anchor mean of
-    |X_ip - P_ip + Y_ip| over positives, and `neg_grad_coef`, the batch mean of
-    the per-anchor mean of P_in over negatives.
+    (loss, metrics) with `pos_sim`, `neg_sim`, `acc`, `num_pos` and the
+    gradient coefficients `pos_grad_coef`, `neg_grad_coef` (docs/losses.md).
   """
   supervised = labels is not None
   if k1 is None:
@@ -180,15 +133,12 @@ def tcl(z: jax.Array, labels: jax.Array | None = None, *,
     raise ValueError(f'k1 must be >= 0; got {k1}.')
   if isinstance(k2, (int, float)) and k2 <= 0:
     raise ValueError(f'k2 must be > 0; got {k2}.')
-  instance._check_temperature(temperature)  # pylint: disable=protected-access
+  common.check_temperature(temperature)
   sim, pos, neg, self_mask, n_pos, n_neg = _label_batch(
       z, labels, supervised=supervised)
   logits = sim / temperature
-  # log D = log(sum_pos e^l + k2 sum_neg e^l + k1 sum_pos e^{-s}). The first
-  # two sums share e = e^{l - shift}, shifted by the row's largest non-self
-  # logit (their sum is then >= min(1, k2) > 0); the self entry goes to -inf
-  # before the exp, so e_ii = 0 with a zero (not NaN) gradient. e^{-s} <= e
-  # needs no shift. pos | neg is every non-self entry.
+  # log D: the positives' and negatives' sums share e = e^{l - shift}
+  # (the self entry -> -inf, so e_ii = 0 with a zero gradient); e^{-s} <= e.
   shift = jax.lax.stop_gradient(jnp.max(
       jnp.where(self_mask, _MASKED, logits), axis=-1, keepdims=True))
   e = jnp.exp(jnp.where(self_mask, -jnp.inf, logits - shift))   # [M, M]
@@ -199,7 +149,6 @@ def tcl(z: jax.Array, labels: jax.Array | None = None, *,
   if use_k1:
     e_k1 = jnp.where(pos, jnp.exp(-sim), 0.)                   # [M, M]
     tuned = k1 * jnp.sum(e_k1, axis=-1)
-    # No positives (an excluded anchor): e^-inf = 0, not log 0.
     log_tuned = jnp.where(n_pos > 0, jnp.log(jnp.where(n_pos > 0, tuned, 1.)),
                           -jnp.inf)
     log_d = jnp.logaddexp(log_d, log_tuned)                   # [M]
@@ -208,24 +157,18 @@ def tcl(z: jax.Array, labels: jax.Array | None = None, *,
 
   metrics = _base_metrics(sim, jnp.where(self_mask, _MASKED, logits), pos, neg,
                           n_pos, n_neg)
-  # Gradient coefficients of Lemma 2 (eqs. 4.6-4.9), diagnostics only. They
-  # reuse the loss's exponentials rather than taking new ones over [M, M]:
-  # P_ij = e^{l_ij - log D_i} = e_ij e^{shift_i - log D_i} and
-  # Y_ij = tau k1 e^{-s_ij - log D_i}.
+  # Lemma 2's coefficients (Eqs. 4.6-4.9) from the loss's exponentials:
+  # P_ij = e_ij e^{shift_i - log D_i}, Y_ij = tau k1 e^{-s_ij - log D_i}.
   sg = jax.lax.stop_gradient
   log_d_c = sg(log_d)
   x = 1. / jnp.maximum(n_pos, 1)
-  p_scale = jnp.exp(shift[:, 0] - log_d_c)     # P_ij = e_ij p_scale_i; shift
-  p_t = sg(e) * p_scale[:, None]               # is already stop_gradient.
+  p_scale = jnp.exp(shift[:, 0] - log_d_c)
+  p_t = sg(e) * p_scale[:, None]
   y_t = ((temperature * k1) * sg(e_k1) * jnp.exp(-log_d_c)[:, None]
          if use_k1 else 0.)
   pos_coef = jnp.sum(jnp.where(pos, jnp.abs(x[:, None] - p_t + y_t), 0.),
                      -1) * x
-  # sum_{n in N(i)} P_in = s_neg,i p_scale_i: no pass over [M, M].
   neg_coef = k2 * sg(s_neg) * p_scale / jnp.maximum(n_neg, 1)
-  metrics['pos_grad_coef'] = _masked_mean(pos_coef, n_pos > 0)
-  metrics['neg_grad_coef'] = _masked_mean(neg_coef, n_neg > 0)
+  metrics['pos_grad_coef'] = common.masked_mean(pos_coef, n_pos > 0)
+  metrics['neg_grad_coef'] = common.masked_mean(neg_coef, n_neg > 0)
   return _reduce(per_anchor, n_pos), metrics
-
-
-LOSSES = {'supcon': supcon, 'tcl': tcl}

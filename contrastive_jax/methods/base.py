@@ -1,25 +1,9 @@
-"""What a method is, and the helpers every method shares.
+"""A method turns a batch's views [B, V, H, W, C] into its loss's inputs.
 
-A method decides how a batch of views becomes its loss's inputs. It owns:
-
-  * its config checks (`validate`, run before any data is read);
-  * its extra train state, one pytree in `TrainState.method_state` (a key
-    encoder, a queue, a memory bank), and that state's shardings;
-  * `prepare`: what it computes before the gradient, outside it (targets,
-    negatives, its state's pre-step update such as an EMA);
-  * which views the online encoder sees and which of the model's outputs
-    feeds the loss (`embedding`);
-  * `update`: its state after the optimiser step (enqueue, bank write).
-
-`step.train_step` calls these in that order and never looks at a method's or
-a loss's name. A method is a frozen dataclass: it is a static argument of the
-jitted step, built once by `from_config`.
-
-Views. A batch's views are a tuple of groups, each [B, V_g, H_g, W_g, C], the
-runs of consecutive views that share a size (one group unless the views are
-multi-crop, e.g. 2 x 224 px + 6 x 96 px). `forward` runs the encoder once per
-group and concatenates the embeddings in view order, so a loss sees
-z [B, V, D] whatever the views' sizes (SwAV's multi-crop forward).
+It owns its config checks, its train state (`TrainState.method_state`) and
+shardings, `prepare` (outside the gradient), the model output the loss takes
+(`embedding`) and `update` (after the optimiser step), which `step.train_step`
+calls in that order. A frozen dataclass: a static argument of the step.
 """
 
 from __future__ import annotations
@@ -38,9 +22,6 @@ from jax.sharding import PartitionSpec as P
 from contrastive_jax import losses
 from contrastive_jax import models
 from contrastive_jax import schedules
-from input_pipeline import augment
-
-Views = tuple[jax.Array, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,35 +36,21 @@ class Context:
 
 @flax.struct.dataclass
 class Prepared:
-  """A method's `prepare` output, consumed by the step.
-
-  Attributes:
-    views: the view groups the online encoder sees.
-    inputs: the loss's inputs except `z` (which the step fills in from the
-      online forward), with `z` a placeholder None.
-    method_state: the method's state after its pre-step update (e.g. the EMA
-      of a key encoder), handed to `update`.
-    metrics: scalars to log (e.g. the momentum).
-    aux: anything `update` needs that `prepare` computed (e.g. the keys).
-  """
-  views: Views
-  inputs: losses.LossInputs
-  method_state: Any = None
+  """`prepare`'s output for the step."""
+  views: jax.Array                 # [B, V', H, W, C] for the online encoder.
+  inputs: losses.LossInputs        # z None: the step fills it in.
+  method_state: Any = None         # After the pre-step update (e.g. an EMA).
   metrics: dict[str, jax.Array] = flax.struct.field(default_factory=dict)
-  aux: Any = None
+  aux: Any = None                  # For `update` (e.g. the keys).
 
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-  """The base method: every view through the online encoder, nothing else.
-
-  Subclasses set `losses` (the losses the method can feed) and override the
-  hooks they need; the defaults hold no state and update nothing.
-  """
+  """Every view through the online encoder, no state; subclasses set
+  `losses` (those they can feed) and override hooks."""
   loss: str
   ctx: Context
-  # The model output the loss takes as z: 'projection' (the head's) or an
-  # output a method's model wrapper adds (e.g. a predictor's).
+  # The model output the loss takes as z (a wrapper may add 'prediction').
   embedding: ClassVar[str] = 'projection'
   losses: ClassVar[tuple[str, ...]] = ()
 
@@ -114,14 +81,7 @@ class Method:
 
   def init(self, rngs: dict[str, jax.Array], variables, *,
            out_dim: int) -> Any:
-    """The method's initial state (default: none).
-
-    Args:
-      rngs: named PRNG streams of the state's initialisation, as flax names
-        its rngs: 'queue' and 'bank' (a method uses the one for its buffer).
-      variables: the initialised model variables {'params', 'batch_stats'}.
-      out_dim: D, the dimension of the embeddings the loss sees.
-    """
+    """The initial state (default: none); `rngs`: 'queue', 'bank'."""
     del rngs, variables, out_dim
     return None
 
@@ -169,43 +129,25 @@ def momentum(config, ctx: Context):
                          name='config.moco.momentum_schedule')
 
 
-# --------------------------------------------------------------------------
-# Views and the forward pass.
-# --------------------------------------------------------------------------
-
-def num_views(views: Views) -> int:
-  return sum(g.shape[1] for g in views)
+def select_views(views, ids: Sequence[int]) -> jax.Array:
+  """Views `ids` (in that order): [B, len(ids), H, W, C]."""
+  return views[:, list(ids)]
 
 
-def select_views(views: Views, ids: Sequence[int]) -> Views:
-  """Views `ids` (in that order) as groups of consecutive equal-size runs."""
-  flat = [g[:, i] for g in views for i in range(g.shape[1])]
-  return augment.group_by_size([flat[i] for i in ids])
+def forward(model, variables, views, *, embedding: str = 'projection'):
+  """(z [B, V, D] `embedding` outputs, features [B, F] of view 0, new BN
+  statistics) of views [B, V, H, W, C].
 
-
-def forward(model, variables, views: Views, *, embedding: str = 'projection'):
-  """The encoder on every view group: (z [B, V, D], features, batch_stats).
-
-  A group's views go through the encoder as one batch, so BatchNorm
-  statistics are shared across its views (and, under jit, across devices:
-  global BN). Groups of different sizes run one after the other, each
-  updating the running statistics (SwAV and DINO's multi-crop forward).
-  With an encoder whose BatchNorm is split (config.model.bn_splits > 0)
-  every view goes through it on its own, as the papers' code forwards each
-  view (lightly's benchmark, MoCo's im_q / im_k): each view's B images are
-  cut into the groups, so a group never holds two views of an image.
-
-  Returns:
-    z: [B, V, D] `embedding` outputs in view order.
-    features: [B, F] backbone features of view 0 (the online monitor's).
-    batch_stats: the updated BatchNorm statistics.
+  The B V images form one batch, so BN statistics span views and devices;
+  with split BN (config.model.bn_splits > 0) each view goes through alone,
+  as the papers' code does, so a BN group never holds two views of an image.
   """
   batch_stats = variables.get('batch_stats', {})
-  if models.bn_splits_of(model):
-    views = [group[:, i:i + 1] for group in views
-             for i in range(group.shape[1])]
+  v = views.shape[1]
+  groups = ([views[:, i:i + 1] for i in range(v)]
+            if models.bn_splits_of(model) else [views])
   zs, features = [], None
-  for group in views:
+  for group in groups:
     b, v = group.shape[:2]
     out, new_vars = model.apply(
         {'params': variables['params'], 'batch_stats': batch_stats},

@@ -1,23 +1,6 @@
-"""BYOL (Grill et al. 2020): a predictor on the online side, an EMA target,
-no negatives.
-
-The README's worked example of adding a method: its loss in losses/, this
-module, configs/byol.py and tests/test_byol.py. It reuses the key-encoder method
-(`moco.Method`: EMA target updated before the keys, stop_gradient on them,
-the momentum schedule of `config.moco`) and adds what BYOL changes:
-
-  * the online network has a predictor q_theta, an MLP on the projection
-    (`config.moco.predictor_hidden_dim`, shared with MoCo v3); the loss takes
-    its output, the target its projection;
-  * the loss is the normalised regression of Eq. 2 (`losses.byol`, in
-    losses/regression.py), symmetrised over the two views (Eq. 3: query view
-    v is regressed on the target's other view, `config.moco.key_views =
-    (1, 0)`);
-  * no queue (Sec. 3.1: no negatives).
-
-The target's parameters are an EMA of the whole online tree, predictor
-included (the predictor's copy is never used; its EMA is a few [512, 128]
-multiply-adds, which keeps the key encoder the moco method's own).
+"""BYOL (Grill et al. 2020): `moco.Method` with a predictor, no queue, and
+the regression of Eq. 2 (`losses.byol`) symmetrised as Eq. 3
+(`key_views = (1, 0)`). The README's worked example of adding a method.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""In-batch contrast: every view through the online encoder (SimCLR-style).
-
-The negatives of an instance are the other instances of the same global batch
-(under jit the batch spans every device, so no gather is written out). Feeds
-SimCLR's NT-Xent, SupCon/TCL (`config.use_labels`), in-batch CACR, MACL, DCL,
-AU-CL, HN-CL and CMC without a bank: the loss gets z [B, V, D] and, with
-`config.use_labels`, the batch's labels.
+"""In-batch contrast (SimCLR-style): the other instances of the global batch
+are the negatives. Feeds NT-Xent, SupCon/TCL (`config.use_labels`), CACR,
+MACL, DCL, AU-CL, HN-CL and bank-less CMC with z [B, V, D] (and labels).
 """
 
 from __future__ import annotations
@@ -27,9 +23,8 @@ class Method(base.Method):
   @classmethod
   def validate(cls, config, num_devices: int) -> None:
     super().validate(config, num_devices)
-    # The loss traced on the batch's shapes (nothing runs): what it needs of
-    # the views (e.g. two per instance) fails here, naming the fields,
-    # rather than after compilation, naming z.
+    # The loss traced on the batch's shapes, so a bad V fails here, naming
+    # the config fields.
     b, v = config.batch_size, config.augment.num_views
     if not all(isinstance(n, int) and n >= 1 for n in (b, v)):
       return           # Their own checks name them.

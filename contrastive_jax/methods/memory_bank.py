@@ -1,17 +1,9 @@
 """A memory bank of one feature per training example (InsDis, CMC).
 
-InsDis (Wu et al. 2018) and CMC (Tian et al. 2019): every view goes through
-the online encoder; the loss gets z [B, V, D], negatives drawn from the bank
-and, if it takes them (InsDis's NCE), the bank rows of the batch's own
-instances as positives; after the step each instance's row moves towards the
-normalised mean of its views' embeddings with momentum (Sec. 3.3).
-
-Noise (`config.memory_bank.noise`): 'per_instance' draws K rows for every
-instance, [B, K, D], as InsDis's and CMC's released code (NCEAverage);
-'shared' draws one [K, D] set for the whole batch, the form the `cmc` loss
-takes: its softmax adds these rows to the in-batch negatives of every
-anchor (CMC's code instead draws K rows per instance and takes each
-positive from the other view's bank row; docs/configs.md, "cmc.py").
+The loss gets z [B, V, D], bank negatives ('per_instance': [B, K, D], as
+NCEAverage; 'shared': one [K, D] set, the `cmc` loss's form) and, for NCE,
+the batch's own rows as positives; after the step each row moves towards
+its views' normalised mean embedding (Wu et al. 2018, Sec. 3.3).
 """
 
 from __future__ import annotations
@@ -31,8 +23,7 @@ from contrastive_jax.methods import base
 
 @flax.struct.dataclass
 class State:
-  bank: jax.Array   # [num_rows, D]; rows >= the data size are padding, never
-                    # read (num_rows = `bank_rows`).
+  bank: jax.Array   # [bank_rows, D]; rows >= the data size are padding.
 
 
 def bank_rows(num_examples: int, num_devices: int) -> int:
@@ -97,18 +88,12 @@ class Method(base.Method):
     del model
     bank, index = state.method_state.bank, batch['index']
     if self.noise == 'per_instance':
-      # K rows per instance, [B, K, D]. Each device draws K / devices of
-      # them from the data rows of its own bank shard and reads them there,
-      # so the row-sharded bank is never gathered and the [B, K, D] rows stay
-      # sharded along K (see `sample_bank_noise` for why stratified
-      # draws are still NCE's uniform noise).
+      # Each device draws K / devices rows from its own shard.
       negatives = sample_bank_noise(
           bank, rng, batch=index.shape[0], num_negatives=self.num_negatives,
           num_examples=self.ctx.num_examples, mesh=mesh)     # [B, K, D]
     else:
-      # One [K] sample for the batch, which XLA reads as a masked local
-      # gather plus an all-reduce of the [K, D] rows, never a gather of the
-      # bank. tests/test_queue_sharding.py checks both compiled steps.
+      # A masked local gather plus an all-reduce of [K, D], never the bank.
       neg_idx = jax.random.randint(rng, (self.num_negatives,), 0,
                                    self.ctx.num_examples)
       negatives = bank[neg_idx]                             # [K, D]
@@ -141,13 +126,8 @@ def init_bank(rng: jax.Array, num_rows: int, dim: int) -> jax.Array:
 
 def update_bank(bank: jax.Array, index: jax.Array, features: jax.Array,
                 momentum: float) -> jax.Array:
-  """InsDis's bank update: v_i <- normalize(m v_i + (1 - m) f_i) at `index`.
-
-  (Wu et al. 2018 Sec. 3.3; lemniscate's `LinearAverage` update.) Indices in
-  one batch are distinct (batches are slices of a permutation), so the
-  scatter has no collisions. The features are detached: the bank is a record
-  of past features, never differentiated through.
-  """
+  """InsDis's update (Sec. 3.3): v_i <- normalize(m v_i + (1 - m) f_i) at
+  `index` (distinct within a batch), the features detached."""
   f = jax.lax.stop_gradient(l2_normalize(features))
   rows = momentum * bank[index] + (1. - momentum) * f
   return bank.at[index].set(l2_normalize(rows).astype(bank.dtype))
@@ -178,12 +158,7 @@ def _check_noise_shards(num_negatives: int, num_examples: int, num_rows: int,
 def _shard_noise_rows(key: jax.Array, shard: jax.Array, *, batch: int,
                       count: int, num_examples: int,
                       rows_per_shard: int) -> jax.Array:
-  """[batch, count] LOCAL row ids drawn uniformly from one shard's data rows.
-
-  Shard `shard` holds global rows [shard * rows_per_shard, (shard + 1) *
-  rows_per_shard); those >= num_examples are padding, so it draws from its
-  first min(rows_per_shard, num_examples - shard * rows_per_shard) rows.
-  """
+  """[batch, count] local row ids, uniform over shard `shard`'s data rows."""
   # >= 1: `_check_noise_shards` refuses a shard without data rows.
   valid = jnp.minimum(num_examples - shard * rows_per_shard, rows_per_shard)
   return jax.random.randint(jax.random.fold_in(key, shard), (batch, count),
@@ -193,12 +168,8 @@ def _shard_noise_rows(key: jax.Array, shard: jax.Array, *, batch: int,
 def bank_noise_indices(key: jax.Array, *, batch: int, num_negatives: int,
                        num_examples: int, num_rows: int,
                        num_shards: int = 1) -> jax.Array:
-  """The [batch, num_negatives] global bank rows `sample_bank_noise` reads.
-
-  A pure function of its arguments: columns [s * K / n, (s + 1) * K / n) are
-  shard s's draws, offset to global row ids. With num_shards = 1 it is plain
-  uniform sampling of every entry from [0, num_examples).
-  """
+  """The [batch, num_negatives] global rows `sample_bank_noise` reads:
+  columns [s K / n, (s + 1) K / n) are shard s's draws."""
   per_shard = _check_noise_shards(num_negatives, num_examples, num_rows,
                                   num_shards)
   count = num_negatives // num_shards
@@ -212,68 +183,14 @@ def bank_noise_indices(key: jax.Array, *, batch: int, num_negatives: int,
 def sample_bank_noise(bank: jax.Array, key: jax.Array, *, batch: int,
                       num_negatives: int, num_examples: int,
                       mesh=None) -> jax.Array:
-  """InsDis's noise: [batch, K, D] bank rows, K per instance, drawn locally.
+  """InsDis's noise: [batch, K, D] rows of `bank` [num_rows, D], drawn locally.
 
-  The bank is sharded by rows over the mesh axis 'data' (n devices, n equal
-  shards; rows >= num_examples are padding at the end, see bank_rows).
-  Each device draws, for every instance, K / n row ids uniformly (with
-  replacement) from the data rows of its OWN shard, with the key folded with
-  its shard index, and reads them from its shard (a `jax.shard_map`). The
-  result is sharded along K, P(None, 'data', None): no device reads a row
-  it does not hold, so the bank is never gathered (reading [B, K] scattered
-  rows from a row-sharded bank otherwise makes XLA all-gather the whole bank
-  on every step: 29 MiB per device at 60000 x 128, 625 MiB at ImageNet's
-  1.28M rows), and the loss's [B, K] noise logits are formed where the rows
-  are, with only [B]-sized and scalar all-reduces to combine them. Padding
-  rows are never drawn. The drawn ids are `bank_noise_indices(key, ...,
-  num_shards=n)`; without a mesh (or with one device) n = 1 and this is
-  plain uniform per-instance sampling over the data rows, bank[ids].
-
-  Statistics. Lemniscate's NCEAverage draws the B * K noise ids i.i.d. from
-  P_n = uniform over the N examples (AliasMethod.draw). Here each draw is
-  uniform over its shard's data rows. The loss is symmetric in an
-  instance's K noise rows (sums, a max and a log-sum-exp over them), so
-  their order is immaterial, and a draw at a uniformly random one of the K
-  positions is a uniform shard, then a uniform row in it: when the shards
-  hold equally many data rows (N divisible by n, e.g. 60000 over 8
-  devices) its marginal is exactly P_n = 1 / N, and every example's
-  expected count per instance is K / N, as with i.i.d. draws. The draws are
-  stratified instead of i.i.d.: each instance gets exactly K / n rows from
-  every shard, rather than a Multinomial(K, 1/n) count per shard. That is
-  immaterial for NCE: NCE needs samples from its noise distribution (Gutmann
-  & Hyvarinen 2010), here P_n = uniform, and its objective (Wu et al. 2018
-  eq. 4) contains the noise only through K * E_{j ~ P_n}[log(1 - h(j))],
-  which the sum over the K drawn rows estimates without bias: by linearity
-  of expectation the sum's mean is sum_s (K / n) mean_{shard s}(.) =
-  K * mean over the data(.), whatever the dependence between the draws.
-  Stratification keeps the noise distribution and only lowers the
-  estimator's variance (at proportional allocation a stratified mean never
-  has more variance than an i.i.d. one: Cochran, Sampling Techniques,
-  Sec. 5.6). The Monte-Carlo estimate of Z in `losses.insdis` (a mean of
-  exp(logit) over the same draws) stays unbiased for the same reason.
-
-  When N is not divisible by n, only the last shard holds padding (p < n
-  rows; a shard with no data rows is refused below), so each of its data
-  rows is drawn with probability (K / n) / (its data rows) per instance
-  instead of K / N, a relative excess of (n - 1) p / (N - (n - 1) p); e.g.
-  1281167 ImageNet examples over 8 devices: 160146 rows per shard, p = 1,
-  excess 5.5e-6.
-
-  Args:
-    bank: [num_rows, D] memory bank (sharded P('data', None) under `mesh`).
-    key: a PRNG key, the same on every device.
-    batch: B, the number of instances (global).
-    num_negatives: K, a multiple of the mesh size.
-    num_examples: N, the number of data rows.
-    mesh: the 1-D 'data' mesh the bank is sharded over, or None.
-
-  Returns:
-    [B, K, D] rows of `bank`.
-
-  Raises:
-    ValueError: K is not a multiple of the devices, or a shard holds no
-      data row (N <= (n - 1) * num_rows / n, possible only for tiny data
-      sets, N < n (n - 1)).
+  Each of the n devices of `mesh` (None: n = 1) draws K / n rows per
+  instance uniformly from its own shard's data rows and reads them there,
+  so the bank is never gathered; the result is sharded along K. Stratified
+  draws keep NCE's uniform noise (the loss is symmetric in the K rows; its
+  noise term's mean is unchanged). Raises ValueError for K not a multiple
+  of n or a shard without data rows.
   """
   num_shards = 1 if mesh is None else mesh.shape['data']
   if num_shards == 1:
@@ -282,7 +199,6 @@ def sample_bank_noise(bank: jax.Array, key: jax.Array, *, batch: int,
         num_examples=num_examples, num_rows=bank.shape[0])]
   per_shard = _check_noise_shards(num_negatives, num_examples, bank.shape[0],
                                   num_shards)
-  P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
 
   def per_device(local_bank, key):
     ids = _shard_noise_rows(key, jax.lax.axis_index('data'), batch=batch,

@@ -1,14 +1,8 @@
-"""A key encoder (EMA of the online one) and an optional queue of past keys.
+"""MoCo v1/v2/v3, CACR's MoCo regime, JCL: an EMA key encoder and a queue.
 
-MoCo v1/v2 (He et al. 2020; Chen et al. 2020), MoCo v3-style symmetric
-InfoNCE without a queue and with a predictor (Chen et al. 2021), CACR's MoCo
-regime and JCL. The online encoder embeds the `query_views`; the key encoder,
-updated first as an EMA of the online weights, embeds the `key_views` under
-stop_gradient; the loss gets query z [B, Vq, D], key [B, Vk, D] and the queue
-[Q, D] (None when `queue_size` is 0). After the step the batch's keys enter
-the queue. With `predictor_hidden_dim` > 0 the queries are the outputs of a
-predictor MLP on the online projection (MoCo v3), the keys stay the key
-encoder's projections.
+The loss gets the online queries z [B, Vq, D] (MoCo v3: a predictor's), the
+EMA encoder's keys [B, Vk, D] under stop_gradient and the queue [Q, D] (None
+when `queue_size` is 0), which the keys then enter.
 """
 
 from __future__ import annotations
@@ -35,15 +29,9 @@ ENQUEUE_KEYS = ('first', 'last', 'mean', 'all')
 
 def positive_pairs(rule: str, num_query: int, num_key: int
                    ) -> list[tuple[int, int]]:
-  """The (query slot, key slot) pairs a loss takes as positives.
-
-  The losses see the views in slots (`query_views[a]` in query slot a,
-  `key_views[b]` in key slot b) and pair them by one of three rules, as
-  their docstrings say: 'other_slot' (infonce, cacr: slot a with every key
-  slot b != a, or with the one key slot when there is one), 'every_slot'
-  (jcl: every key slot is a positive of every query) and 'same_slot'
-  (byol: slot v with slot v).
-  """
+  """The (query slot, key slot) positive pairs of a loss's rule:
+  'other_slot' (infonce, cacr: every key slot b != a, or the only one),
+  'every_slot' (jcl: every key slot) or 'same_slot' (byol: v with v)."""
   if rule == 'same_slot':
     return [(v, v) for v in range(min(num_query, num_key))]
   return [(a, b) for a in range(num_query) for b in range(num_key)
@@ -54,14 +42,13 @@ def positive_pairs(rule: str, num_query: int, num_key: int
 class State:
   key_params: Any                 # The EMA key encoder.
   key_batch_stats: Any            # Its own BatchNorm statistics.
-  queue: jax.Array | None = None  # [Q, D] past keys; row r written at step
-  queue_ptr: jax.Array | None = None  # ... r // W (mod Q / W), W the keys a
-  # step writes (B, or B x key views with enqueue_keys='all'); int32 scalar.
+  queue: jax.Array | None = None      # [Q, D] past keys.
+  queue_ptr: jax.Array | None = None  # int32: the next row written.
 
 
 @dataclasses.dataclass(frozen=True)
 class Method(base.Method):
-  """Static settings (config.moco); see the module docstring."""
+  """Static settings (config.moco)."""
   query_views: tuple[int, ...] = (0,)
   key_views: tuple[int, ...] = (1,)
   queue_size: int = 0
@@ -70,23 +57,17 @@ class Method(base.Method):
   momentum: Any = None            # Schedule step -> m (schedules.build).
   predictor_hidden_dim: int = 0   # > 0: MoCo v3's predictor on the queries.
   losses = ('infonce', 'jcl', 'cacr')
-  # How each loss pairs query and key slots (`positive_pairs`).
   pairing: ClassVar[dict[str, str]] = {
       'infonce': 'other_slot', 'cacr': 'other_slot', 'jcl': 'every_slot'}
 
   @property
   def embedding(self) -> str:
-    """What the loss takes as queries: the predictor's output if any."""
     return 'prediction' if self.predictor_hidden_dim else 'projection'
 
   @classmethod
   def wrap_model(cls, config, model):
     """The model with a predictor when config.moco.predictor_hidden_dim > 0.
-
-    The key encoder is an EMA of this whole tree, predictor included (its
-    copy is never read: keys are projections, MoCo v3 Sec. 3), which keeps a
-    single parameter tree for the online and key encoders.
-    """
+    The key encoder is an EMA of the whole tree (its predictor unread)."""
     hidden = config.moco.predictor_hidden_dim
     if not hidden:
       return model
@@ -124,7 +105,6 @@ class Method(base.Method):
                        'MoCo v2 code), mean (JCL\'s key means), all (every '
                        'key view, lightly\'s symmetric MoCo).')
     q = mc.queue_size
-    # Rows written per step: B keys, or B per key view with 'all'.
     w = b * (len(tuple(mc.key_views)) if mc.enqueue_keys == 'all' else 1)
     if q < 0 or (q and q % w):
       raise ValueError(
@@ -165,7 +145,6 @@ class Method(base.Method):
                predictor_hidden_dim=int(mc.predictor_hidden_dim))
 
   def init(self, rngs, variables, *, out_dim: int) -> State:
-    # The key encoder starts as a copy of the online one (MoCo, BYOL).
     copy = lambda tree: jax.tree.map(jnp.copy, tree)
     state = State(key_params=copy(variables['params']),
                   key_batch_stats=copy(variables.get('batch_stats', {})))
@@ -176,12 +155,7 @@ class Method(base.Method):
     return state
 
   def shardings(self, abstract_state: State, mesh) -> State:
-    """Replicated, but the queue is sharded by rows and stays so.
-
-    Its logits are computed where its rows live and its write is a
-    per-device scatter (`prepare`, `moco.enqueue`), so no device ever holds
-    the whole [Q, D] queue.
-    """
+    """Replicated, but the queue is sharded by rows: no device holds it all."""
     out = super().shardings(abstract_state, mesh)
     if abstract_state.queue is None:
       return out
@@ -190,29 +164,20 @@ class Method(base.Method):
   def prepare(self, state, batch, rng, *, model, mesh) -> base.Prepared:
     ms = state.method_state
     m = self.momentum(state.step)
-    # MoCo's order: update the key encoder from the current online weights,
-    # then compute the keys with it.
+    # MoCo's order: the EMA update first, then the keys.
     key_params = ema_update(ms.key_params, state.params, m)
     key_z, key_bs = key_forward(
         model, {'params': key_params, 'batch_stats': ms.key_batch_stats},
         base.select_views(batch['views'], self.key_views), rng,
         shuffle_bn=self.shuffle_bn, mesh=mesh,
         bn_splits=models.bn_splits_of(model))
-    # Keys are targets: the key encoder is an EMA, never trained, and the loss
-    # must not push gradients into it (MoCo computes k under no_grad).
+    # Keys are targets (MoCo computes k under no_grad).
     key_z = jax.lax.stop_gradient(key_z)
     queue = ms.queue
     if queue is not None and mesh is not None:
-      # The queue's rows stay on their devices: the loss's [B, Q] queue
-      # logits are formed per device as [B, Q / devices] from the
-      # all-gathered [B, D] queries, and the log-sum-exp over Q is combined
-      # with [B]-sized all-reduces (max, sum), as is the gradient to the
-      # queries. XLA's partitioner does this itself once the queue's row
-      # sharding is fixed here, so the losses stay mesh-agnostic and the
-      # 1-device path (mesh of 1, or no mesh in a notebook) is the same code.
-      # (The enqueue in `update` is a scatter for the same reason: see
-      # `moco.enqueue`.) tests/test_queue_sharding.py checks that the
-      # compiled step never all-gathers the [Q, D] queue.
+      # Fixing the row sharding lets XLA form the [B, Q] logits per device
+      # with [B]-sized all-reduces, never gathering the queue
+      # (tests/test_queue_sharding.py).
       queue = jax.lax.with_sharding_constraint(
           queue, NamedSharding(mesh, P('data', None)))
     return base.Prepared(
@@ -232,8 +197,7 @@ class Method(base.Method):
       # JCL enqueues the mean of the normalised keys, not re-normalised.
       keys = losses.l2_normalize(key_z).mean(axis=1)
     elif self.enqueue_keys == 'all':
-      # Every key view, view after view in key_views order (lightly's
-      # symmetric MoCo: each direction's criterion call enqueues its keys).
+      # Every key view in key_views order (lightly's symmetric MoCo).
       keys = losses.l2_normalize(key_z).swapaxes(0, 1).reshape(
           -1, key_z.shape[-1])
     elif self.enqueue_keys == 'last':
@@ -245,58 +209,46 @@ class Method(base.Method):
     return ms.replace(queue=queue, queue_ptr=ptr)
 
 
-def key_forward(model, variables, views: base.Views, rng, *,
-                shuffle_bn: bool, mesh, bn_splits: int = 0
-                ) -> tuple[jax.Array, Any]:
-  """The key encoder's embeddings [B, Vk, D] and its new BN statistics.
+def key_forward(model, variables, views, rng, *, shuffle_bn: bool, mesh,
+                bn_splits: int = 0) -> tuple[jax.Array, Any]:
+  """The key encoder on views [B, Vk, H, W, C]: (z [B, Vk, D], BN stats).
 
-  Global BN (default): one forward under jit, statistics over the whole key
-  batch. Shuffle-BN (MoCo): the B * Vk key images are permuted across the
-  global batch, each device normalises its own shard with per-device BN
-  (`jax.shard_map`), and the inverse permutation restores the order; the
-  running statistics are averaged over devices. Per-device BN on a shuffled
-  batch keeps a query and its key from sharing BN statistics, which MoCo found
-  otherwise leaks the positive. Multi-crop key views (groups of different
-  sizes) are shuffled group by group.
-
-  With an encoder whose BatchNorm is split (`bn_splits` > 0, its groups
-  standing for the devices) shuffle-BN is lightly's one-device version: each
-  key view's B images are permuted over the global batch, go through the
-  encoder as one batch whose BN groups are then random sets of images, and
-  the inverse permutation restores the order; on any number of devices, the
-  groups and not the devices set the statistics.
+  Without shuffle-BN: one forward, statistics over the whole key batch.
+  Shuffle-BN (MoCo): the B Vk images are permuted over the global batch,
+  each device normalises its shard (`jax.shard_map`, running statistics
+  averaged), then unpermuted, so a query and its key never share BN
+  statistics (which leaks the positive). With split BN (`bn_splits` > 0)
+  each key view is permuted and forwarded alone (lightly's one-device
+  shuffle-BN): the BN groups, not the devices, set the statistics.
   """
   if not shuffle_bn:
     z, _, bs = base.forward(model, variables, views)
     return z, bs
   if bn_splits:
     return _split_shuffle_forward(model, variables, views, rng)
-  batch_stats, zs = variables.get('batch_stats', {}), []
-  for group in views:
-    b, v = group.shape[:2]
-    flat = group.reshape((b * v,) + group.shape[2:])
-    perm = jax.random.permutation(rng, b * v)
+  b, v = views.shape[:2]
+  flat = views.reshape((b * v,) + views.shape[2:])
+  perm = jax.random.permutation(rng, b * v)
 
-    def per_device(variables, x):
-      out, new_vars = model.apply(variables, x, train=True,
-                                  mutable=['batch_stats'])
-      return out['projection'], jax.lax.pmean(new_vars['batch_stats'], 'data')
+  def per_device(variables, x):
+    out, new_vars = model.apply(variables, x, train=True,
+                                mutable=['batch_stats'])
+    return out['projection'], jax.lax.pmean(new_vars['batch_stats'], 'data')
 
-    z, batch_stats = jax.shard_map(
-        per_device, mesh=mesh, in_specs=(P(), P('data')),
-        out_specs=(P('data'), P()))(
-            {'params': variables['params'], 'batch_stats': batch_stats},
-            flat[perm])
-    zs.append(z[jnp.argsort(perm)].reshape(b, v, -1))
-  return (zs[0] if len(zs) == 1 else jnp.concatenate(zs, axis=1)), batch_stats
+  z, batch_stats = jax.shard_map(
+      per_device, mesh=mesh, in_specs=(P(), P('data')),
+      out_specs=(P('data'), P()))(
+          {'params': variables['params'],
+           'batch_stats': variables.get('batch_stats', {})}, flat[perm])
+  return z[jnp.argsort(perm)].reshape(b, v, -1), batch_stats
 
 
-def _split_shuffle_forward(model, variables, views: base.Views, rng
+def _split_shuffle_forward(model, variables, views, rng
                            ) -> tuple[jax.Array, Any]:
-  """Shuffle-BN over split-BN groups: permute, forward, unpermute, per view."""
+  """Shuffle-BN over split-BN groups, view by view."""
   batch_stats, zs = variables.get('batch_stats', {}), []
-  flat = [g[:, i] for g in views for i in range(g.shape[1])]
-  for i, x in enumerate(flat):
+  for i in range(views.shape[1]):
+    x = views[:, i]
     perm = jax.random.permutation(jax.random.fold_in(rng, i), x.shape[0])
     out, new_vars = model.apply(
         {'params': variables['params'], 'batch_stats': batch_stats}, x[perm],
@@ -307,16 +259,9 @@ def _split_shuffle_forward(model, variables, views: base.Views, rng
 
 
 def ema_update(target: Any, online: Any, momentum: jax.Array | float) -> Any:
-  """Returns momentum * target + (1 - momentum) * online, leaf by leaf.
-
-  The online parameters enter under `stop_gradient`: the key encoder is a
-  slowly moving copy of the online one, not a function of it that gradients
-  may flow through (MoCo's `param_k.data = ...` outside autograd; BYOL
-  `_update_target`). Without it a step that differentiates through the keys
-  would push gradients into the online weights via the EMA.
-
-  momentum = 1 keeps `target`; momentum = 0 copies `online`.
-  """
+  """momentum * target + (1 - momentum) * online, leaf by leaf; the online
+  side under stop_gradient, as MoCo's `param_k.data = ...` (no gradient may
+  flow into the online weights through the keys)."""
   m = jnp.asarray(momentum, jnp.float32)
   return jax.tree.map(
       lambda t, o: (m * t + (1. - m) * jax.lax.stop_gradient(o)).astype(
@@ -330,25 +275,12 @@ def init_queue(rng: jax.Array, size: int, dim: int) -> jax.Array:
 
 def enqueue(queue: jax.Array, ptr: jax.Array, keys: jax.Array
             ) -> tuple[jax.Array, jax.Array]:
-  """MoCo's `_dequeue_and_enqueue`: write `keys` at `ptr`, oldest out first.
+  """MoCo's `_dequeue_and_enqueue`: keys [B, D] (the global batch) written
+  at rows ptr..ptr + B - 1 (Q % B == 0: no wrap); returns (queue, new ptr).
 
-  `keys` is the whole global batch [B, D] in global order (under jit it is one
-  global array, so MoCo's `concat_all_gather` is implicit). Requires
-  Q % B == 0 (checked at startup by `Method.validate`), so a write never
-  wraps inside a batch.
-
-  The write is a scatter of the B rows ptr, ..., ptr + B - 1, not a
-  `dynamic_update_slice`: the train step keeps the queue sharded by rows over
-  the devices, and XLA's SPMD partitioner turns a dynamic_update_slice at a
-  traced offset along a sharded axis into an all-gather of the whole [Q, D]
-  queue (32 MiB per device per step at Q = 65536, D = 128), while a scatter
-  is partitioned locally: each device shifts the row indices by its shard's
-  offset and drops the rows it does not own (only the small [B, D] keys are
-  all-gathered). On one device both are the same in-place B-row write.
-  tests/test_queue_sharding.py checks the compiled step for the all-gather.
-
-  Returns:
-    (new_queue, (ptr + B) % Q).
+  A scatter, not a dynamic_update_slice: XLA partitions a scatter into the
+  row-sharded queue locally, while a dynamic_update_slice at a traced offset
+  all-gathers the whole queue (tests/test_queue_sharding.py).
   """
   q, b = queue.shape[0], keys.shape[0]
   # Keys are targets, not a path for gradients (MoCo enqueues detached keys).

@@ -2,12 +2,14 @@ r"""Study v2: the driver of the pre-registered study (PROTOCOL.md beside it).
 
 Every run of the study executes from one tagged commit (`STUDY_TAG`), in a
 git worktree of that tag, so that the rest of the project can change while
-the study runs:
+the study runs. The tag's checkout holds this driver as
+`benchmarks.study_v2`; here it is `studies.v2` (the same plan, for the
+tables, the report and `backfill_curves`):
 
     git worktree add <study checkout> study-v2.1    # once
     cd <study checkout> && ln -s <a virtual environment> .venv
     nohup nice -n 19 .venv/bin/python -m benchmarks.study_v2 pilot \
-        --results_dir=<branch checkout>/benchmarks/study_v2/results \
+        --results_dir=<branch checkout>/studies/v2/results \
         > <log file> 2>&1 &
 
 Stages (PROTOCOL.md says what each is for and what is decided from it):
@@ -66,17 +68,17 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
-from benchmarks import reproduce
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
-RESULTS_DIR = os.path.join(ROOT, 'benchmarks', 'study_v2', 'results')
+RESULTS_DIR = os.path.join(ROOT, 'studies', 'v2', 'results')
 WORK_ROOT = os.path.join(ROOT, 'workdir', 'study_v2')
 # Amendment 1: the recipe stage and every stage after it run from this tag;
 # the first pilot ran from 'study-v2'.
 STUDY_TAG = 'study-v2.1'
 
 VALIDATION_SIZE = 10_000
+# Fashion-MNIST: 6000 training images per class, 10 classes.
+TRAIN_PER_CLASS, NUM_CLASSES = 6000, 10
 BATCH = 256
 SEEDS = (0, 1, 2, 3)
 PILOT_EPOCHS = 16
@@ -125,6 +127,77 @@ IMBALANCED_ARMS = ('ntxent', 'cacr_k1')
 IMBALANCE_RULES = ('linear', 'exponential')
 
 
+# --------------------------------------------------------------------------
+# Run options: main.py's flags, the training set's size, the epochs.
+# --------------------------------------------------------------------------
+
+# 8 virtual CPU devices; XLA's CPU collectives wait up to 2 h in a
+# rendezvous instead of aborting the run after 40 s (a device thread starved
+# under `nice -n 19` is slow, not dead).
+XLA_FLAGS = ('--xla_force_host_platform_device_count=8 '
+             '--xla_cpu_collective_call_terminate_timeout_seconds=7200 '
+             '--xla_cpu_collective_timeout_seconds=7200')
+
+# A run's options keep the names of the code the study ran on (its record
+# and fingerprint hold them); main.py takes today's names
+# (contrastive_jax/config_lib.py, RENAMED), where a 0 that turns a monitor
+# or the probe off is every_steps=-1.
+_RENAMED = {'online.knn_every_steps': 'evals.online_knn.every_steps',
+            'online.knn_k': 'evals.online_knn.ks',
+            'online.knn_bank_size': 'evals.online_knn.bank_size',
+            'online.knn_num_queries': 'evals.online_knn.num_queries',
+            'eval.linear_max_iter': 'evals.linear.max_iter'}
+
+
+def current_options(options) -> list[tuple[str, object]]:
+  """(key, value) options in today's config names, for main.py."""
+  out = []
+  for key, value in options:
+    if key == 'online.knn_every_steps' and not value:
+      out.append(('evals.online_knn.every_steps', -1))
+    elif key == 'eval.linear_max_iter' and not value:
+      out.append(('evals.linear.every_steps', -1))
+    elif key == 'online.knn_k':
+      out.append(('evals.online_knn.ks', (int(value),)))
+    else:
+      out.append((_RENAMED.get(key, key), value))
+  return out
+
+
+def flag_value(v) -> str:
+  """A --config.key= value: tuples as '(a,b)', '(a,)' for one element."""
+  if isinstance(v, tuple):
+    return '(' + ','.join(str(x) for x in v) + (',)' if len(v) == 1 else ')')
+  return str(v)
+
+
+def train_examples(rule: str) -> int:
+  """Training examples after the holdout and CACR's rule (Fashion-MNIST)."""
+  from input_pipeline import imbalance  # pylint: disable=g-import-not-at-top
+  per_class = TRAIN_PER_CLASS - VALIDATION_SIZE // NUM_CLASSES
+  if rule == 'none':
+    return per_class * NUM_CLASSES
+  return int(imbalance.kept_counts([per_class] * NUM_CLASSES, rule=rule).sum())
+
+
+def epochs_for_steps(steps: int, examples: int, batch: int) -> float:
+  """num_epochs giving exactly `steps` (train.py: int(epochs * per_epoch))."""
+  per_epoch = examples // batch
+  return round((steps + 0.5) / per_epoch, 6)
+
+
+def newest_mtime(workdir: str) -> float:
+  """The latest modification time of a file under `workdir` (0 if none)."""
+  newest = 0.
+  for dirpath, _, files in os.walk(workdir):
+    for name in files:
+      try:
+        newest = max(newest, os.path.getmtime(os.path.join(dirpath, name)))
+      except OSError:   # Removed while we walked (an orbax temporary).
+        pass
+  return newest
+
+
 class StudyError(Exception):
   """A run may not start or resume here; the message says why and the fix."""
 
@@ -145,7 +218,7 @@ class Run:
 
   def args(self) -> list[str]:
     return [f'--config=configs/{self.config}.py'] + [
-        f'--config.{k}={reproduce._flag_value(v)}' for k, v in self.overrides]
+        f'--config.{k}={flag_value(v)}' for k, v in self.overrides]
 
   @property
   def fingerprint(self) -> str:
@@ -190,7 +263,7 @@ def _make(stage, arm, seed, split, epochs, extra=None, tag='',
   o.update(recipe_overrides(recipe))
   o.update(extra or {})
   steps = _steps(epochs) if steps is None else steps
-  o['num_epochs'] = reproduce.epochs_for_steps(steps, examples, BATCH)
+  o['num_epochs'] = epochs_for_steps(steps, examples, BATCH)
   return Run(stage, arm, config, seed, tuple(sorted(o.items())), tag)
 
 
@@ -243,7 +316,7 @@ def chosen_recipe(results_dir: str, epochs: float = RECIPE_EPOCHS):
     raise StudyError(
         'the shared recipe comes from the recipe runs (PROTOCOL.md, '
         f'Amendment 1); not finished: {", ".join(missing)}. Run `python -m '
-        'benchmarks.study_v2 recipe` first.')
+        'studies.v2 recipe` first.')
   knn = [rec['validation']['trained']['knn'] for rec in recs]
   return RECIPES[max(range(len(RECIPES)), key=lambda i: (knn[i], -i))]
 
@@ -279,7 +352,7 @@ def chosen_values(results_dir: str, epochs: float,
     raise StudyError(
         f'the final runs take each arm\'s value from its tuning runs; not '
         f'finished at --tune_epochs={epochs}: {", ".join(missing)}. Run '
-        f'`python -m benchmarks.study_v2 tune --epochs={epochs}` first.')
+        f'`python -m studies.v2 tune --epochs={epochs}` first.')
   return chosen
 
 
@@ -307,7 +380,7 @@ def imbalance_runs(epochs: float, chosen: dict[str, float],
         runs.append(_make(
             'imbalance', arm, seed, 'test', epochs,
             {key: chosen[arm], 'dataset.imbalance': rule}, tag=rule,
-            examples=reproduce.train_examples(rule), steps=_steps(epochs),
+            examples=train_examples(rule), steps=_steps(epochs),
             recipe=recipe))
   return runs
 
@@ -455,7 +528,7 @@ def _watch(child: subprocess.Popen, workdir: str, stall_seconds: float,
       return child.wait(timeout=min(30., stall_seconds))
     except subprocess.TimeoutExpired:
       on_poll()
-      idle = time.time() - max(reproduce._newest_mtime(workdir), started)
+      idle = time.time() - max(newest_mtime(workdir), started)
       if idle > stall_seconds:
         log(f'  STALLED: no progress in {workdir} for {idle:.0f} s; killing '
             'it (the retry resumes from its checkpoint)')
@@ -508,9 +581,9 @@ def execute(run: Run, results_dir: str, work_root: str, *, root: str = ROOT,
 
   cmd = [sys.executable, *main, f'--workdir={workdir}',
          f'--config=configs/{run.config}.py'] + [
-             f'--config.{k}={reproduce._flag_value(v)}'  # pylint: disable=protected-access
-             for k, v in reproduce.current_options(run.overrides)]
-  env = dict(os.environ, XLA_FLAGS=reproduce.XLA_FLAGS,
+             f'--config.{k}={flag_value(v)}'
+             for k, v in current_options(run.overrides)]
+  env = dict(os.environ, XLA_FLAGS=XLA_FLAGS,
              TF_CPP_MIN_LOG_LEVEL='2')
   log(f'[{time.strftime("%H:%M:%S")}] {run.run_id}: {" ".join(cmd[1:])}')
   t0, rc, cpu0 = time.time(), None, os.times()

@@ -1,160 +1,195 @@
-"""The study command (benchmarks/reproduce.py): its plan, statistics, and a
-real `--quick` run of the whole pipeline (main.py subprocesses, JSONs, report).
-"""
+"""The studies (studies/): the statistics, study v1's report against its
+records, and study v2's driver, analysis and report (regenerated from its
+records, byte for byte)."""
 
+import collections
 import json
 import math
 import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
 from contrastive_jax import config_lib
 
-from benchmarks import reproduce
+from studies import stats as study_stats
+from studies.v2 import analysis
+from studies.v2 import study as study_v2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+V1 = os.path.join(ROOT, 'studies', 'v1')
+V2 = os.path.join(ROOT, 'studies', 'v2')
 
 
-# ------------------------------------------------------------------ plan ---
+# ------------------------------------------------------------ statistics ---
 
-def test_plan_covers_every_method_seed_and_variant():
-  runs = reproduce.plan()
-  ids = [r.run_id for r in runs]
-  assert len(ids) == len(set(ids))
-  want = {(v, m) for m, *_ in reproduce.METHODS for v in ('regular',)}
-  want |= {('batch64', m) for m, _ in reproduce.SMALL_BATCH_METHODS}
-  want |= {(v, m) for m, _ in reproduce.IMBALANCED_METHODS
-           for v in ('linear', 'exponential')}
-  want |= {('baselines', 'baselines')}
-  for v, m in want:
-    seeds = sorted(r.seed for r in runs if (r.variant, r.method) == (v, m))
-    assert seeds == [0, 1, 2], (v, m)
-  # The default-recipe candidates: one seed each, scored on validation.
-  recipes = {('recipe', name) for name, *_ in reproduce.RECIPES}
-  for v, m in recipes:
-    assert [r.seed for r in runs if (r.variant, r.method) == (v, m)] == [0]
-  assert {(r.variant, r.method) for r in runs} == want | recipes
-  for name in ('simclr', 'moco_v2', 'insdis', 'cmc', 'supcon', 'tcl_sup',
-               'tcl_ssl', 'cacr_k1', 'cacr_k4', 'cacr_moco', 'macl', 'jcl',
-               'au_cl', 'hn_cl', 'dcl'):
-    assert any(r.config == name for r in runs), name
+def test_cell_statistics_match_numpy():
+  vals = [81.2, 83.5, 82.0]
+  cell = study_stats.Cell(vals)
+  assert cell.n == 3
+  assert cell.mean == pytest.approx(np.mean(vals))
+  assert cell.std == pytest.approx(np.std(vals, ddof=1))
+  assert math.isnan(study_stats.Cell([1.]).std)
+  assert math.isnan(study_stats.Cell([]).mean)
 
 
-def test_plan_is_seed_major():
-  runs = reproduce.plan()
-  seeds = [r.seed for r in runs if r.variant != 'recipe']
-  assert seeds == sorted(seeds)
-  # The recipe candidates run after seed 1, before seed 2.
-  where = [i for i, r in enumerate(runs) if r.variant == 'recipe']
-  assert where == list(range(where[0], where[-1] + 1))
-  assert runs[where[0] - 1].seed == 1 and runs[where[-1] + 1].seed == 2
+def test_paired_statistics_and_holm_match_hand_computation():
+  # Differences 1, 2, 3: mean 2, sd 1, t = 2 / (1 / sqrt 3) = 2 sqrt 3 on
+  # 2 df. For 2 df the two-sided p has a closed form, 1 - |t| / sqrt(t^2 + 2)
+  # = 1 - sqrt(12 / 14); t_0.975(2) = 4.302653 (tables).
+  st = study_stats.Paired((1., 2., 3.))
+  assert st.n == 3 and st.mean == pytest.approx(2.)
+  assert st.se() == pytest.approx(1 / math.sqrt(3))
+  assert st.p == pytest.approx(1 - math.sqrt(12 / 14), rel=1e-6)
+  half = 4.302653 / math.sqrt(3)
+  assert st.ci == pytest.approx((2 - half, 2 + half), rel=1e-6)
+  assert st.fmt() == '+2.00 [-0.48, +4.48]'
+  one = study_stats.Paired((0.5,))
+  assert math.isnan(one.p) and math.isnan(one.ci[0]) and one.fmt() == (
+      '+0.50 (n=1)')
+  assert study_stats.Paired(()).fmt() == '-'
+  # Equal differences: no spread, p 0 (or 1 for a zero mean).
+  assert study_stats.Paired((0.3, 0.3)).p == 0.
+  assert study_stats.Paired((0., 0.)).p == 1.
+  # Holm: sorted 0.005, 0.01, 0.03, 0.04 -> 4x, 3x, 2x, 1x = 0.02, 0.03,
+  # 0.06, 0.04, then the running maximum: 0.02, 0.03, 0.06, 0.06.
+  assert study_stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx(
+      [0.03, 0.06, 0.06, 0.02])
+  # Capped at 1; nan stays out of the family (m = 2 here).
+  adj = study_stats.holm([0.6, 0.5, math.nan])
+  assert adj[:2] == pytest.approx([1., 1.]) and math.isnan(adj[2])
+  assert study_stats.holm([0.02, math.nan, 0.04]) == pytest.approx(
+      [0.04, math.nan, 0.04], nan_ok=True)
 
 
-def test_every_run_has_the_same_protocol_and_steps():
-  runs = reproduce.plan()
-  for r in runs:
-    o = dict(r.overrides)
-    assert o['augment.preset'] == 'fmnist'
-    assert o['dataset.validation_size'] == 10_000
-    batch = o['batch_size']
-    examples = reproduce.train_examples(o.get('dataset.imbalance', 'none'))
-    steps = int(o['num_epochs'] * (examples // batch))   # As train.py does.
-    if r.variant == 'recipe':
-      # Chosen on validation, with the default job's images: 936 x 256.
-      assert o['eval.split'] == 'validation' and r.config == 'default'
-      assert steps * batch == 936 * 256, r.run_id
+@pytest.mark.parametrize('mean, p_adj, want', [
+    (0.7, 0.01, 'supported'), (-0.8, 0.01, 'contradicted'),
+    (0.7, 0.2, 'inconclusive'), (-0.8, 0.06, 'inconclusive'),
+    (0.7, math.nan, 'not run yet (fewer than 2 seeds)'),
+])
+def test_verdicts(mean, p_adj, want):
+  assert study_stats.verdict(mean, p_adj) == want
+
+
+def test_p_values_print_as_the_reports_do():
+  assert [study_stats.fmt_p(p) for p in (math.nan, 0.0534, 0.001, 1.2e-4)
+          ] == ['-', '0.053', '0.001', '1.2e-04']
+
+
+# ------------------------------------------- study v1: report vs records ---
+
+def _v1_records():
+  out = {}
+  for name in os.listdir(os.path.join(V1, 'results')):
+    with open(os.path.join(V1, 'results', name)) as f:
+      rec = json.load(f)
+    out[rec['run_id']] = rec
+  return out
+
+
+def _fmt_p(p):
+  # Written out here, not read from studies.stats.
+  return '-' if math.isnan(p) else (f'{p:.3f}' if p >= 0.001 else f'{p:.1e}')
+
+
+def test_v1_report_claims_recomputed_from_its_records():
+  """Study v1's 16 tested comparisons (its runner is gone): each row of
+  studies/v1/REPORT.md recomputed from the JSONs with scipy.stats.ttest_rel,
+  the t interval on 2 df and Holm over the 16."""
+  from scipy import stats as sps
+  res = _v1_records()
+  def acc(variant, method, seed, metric):
+    return 100 * res[f'{variant}__{method}__s{seed}']['test']['trained'][
+        metric]
+  diffs = {}
+  for a, b in [('cacr_k4', 'cmc_k4'), ('cmc_k4', 'simclr'),
+               ('cacr_k1', 'simclr'), ('macl', 'ntxent_t0.1'),
+               ('macl', 'dcl'), ('cacr_moco', 'moco_v2')]:
+    for metric in ('knn', 'linear'):
+      diffs[(f'{a} (regular) > {b} (regular)', metric)] = np.array(
+          [acc('regular', a, s, metric) - acc('regular', b, s, metric)
+           for s in (0, 1, 2)])
+  for rule in ('linear', 'exponential'):
+    for metric in ('knn', 'linear'):
+      drop = lambda m: np.array([acc('regular', m, s, metric) -
+                                 acc(rule, m, s, metric) for s in (0, 1, 2)])
+      diffs[(f'{rule}: SimCLR drop > CACR drop', metric)] = (
+          drop('simclr') - drop('cacr_k1'))
+  keys = list(diffs)
+  p = np.array([sps.ttest_1samp(diffs[k], 0).pvalue for k in keys])
+  order = np.argsort(p)
+  adj = np.empty_like(p)
+  adj[order] = np.minimum(1, np.maximum.accumulate(
+      p[order] * (len(p) - np.arange(len(p)))))
+  with open(os.path.join(V1, 'REPORT.md'), encoding='utf-8') as f:
+    report = f.read()
+  assert len(keys) == 16
+  for k, pi, ph in zip(keys, p, adj):
+    d = diffs[k]
+    half = sps.t.ppf(0.975, 2) * d.std(ddof=1) / np.sqrt(3)
+    want = ('inconclusive' if ph >= 0.05 else
+            'supported' if d.mean() > 0 else 'contradicted')
+    row = (f'| {k[0]} | {k[1]} | {d.mean():+.2f} [{d.mean() - half:+.2f}, '
+           f'{d.mean() + half:+.2f}] | 3 | {_fmt_p(pi)} | {_fmt_p(ph)} | '
+           f'{want} |')
+    assert row in report, row
+
+
+def test_v1_report_accuracies_recomputed_from_its_records():
+  """Study v1's accuracy table (the configs' docstrings quote it): every
+  method's mean ± sample sd over its 3 seeds, from the JSONs."""
+  cells = collections.defaultdict(list)
+  for rec in sorted(_v1_records().values(), key=lambda r: r['seed']):
+    if rec['variant'] in ('recipe', 'baselines'):
       continue
-    assert o['eval.split'] == 'test'
-    if r.variant == 'baselines':
-      assert steps == 1 and o['eval.baselines']
-      continue
-    assert not o['eval.baselines']
-    # Same images seen (batch 64) or same steps (imbalanced): same compute.
-    assert steps * batch == 390 * 256, r.run_id
-  # Peak lr 1e-3 at batch 64 too (base * 64 / 256).
-  b64 = [r for r in runs if r.variant == 'batch64']
-  assert all(dict(r.overrides)['optimizer.base_learning_rate'] * 64 / 256 ==
-             pytest.approx(1e-3) for r in b64)
+    cells[(rec['variant'], rec['method'])].append(
+        [100 * rec['test']['trained'][m] for m in ('knn', 'linear')])
+  with open(os.path.join(V1, 'REPORT.md'), encoding='utf-8') as f:
+    report = f.read()
+  assert len(cells) == 22
+  for (variant, method), v in cells.items():
+    v = np.array(v)
+    assert len(v) == 3, (variant, method)
+    want = f'| {variant} | {method} | ' + ' | '.join(
+        f'{v[:, i].mean():.2f} ± {v[:, i].std(ddof=1):.2f} (n=3)'
+        for i in (0, 1)) + ' |'
+    assert want in report, want
 
 
-def _parse_flags(args: list[str]):
-  """The config main.py would build from these command-line arguments."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  argv = ['main.py'] + args
-  values = flags.FlagValues()
-  # sys_argv: the overrides are read from this argv, not the test runner's.
-  config_flags.DEFINE_config_file('config', flag_values=values,
-                                  sys_argv=argv)
-  values(argv)
-  return values.config
-
-
-def test_pinned_settings_survive_a_change_of_the_default(tmp_path):
-  # A configs/default.py whose recipe changed after the study began (the
-  # head reading the map, peak lr 3e-3): every run still trains with the
-  # study's values, unless the run itself sets the key.
-  changed = tmp_path / 'changed_default.py'
-  changed.write_text(
-      'from configs import base\n'
-      'def get_config():\n'
-      '  config = base.get_config()\n'
-      "  config.model.head_input = 'features'\n"
-      '  config.optimizer.base_learning_rate = 3e-3\n'
-      '  return config\n')
-  runs = {r.run_id: r for r in reproduce.plan()}
-  for run_id, head_input, lr in [
-      ('regular__ntxent_t0.1__s2', 'pooled', 1e-3),
-      ('batch64__ntxent_t0.1__s2', 'pooled', 4e-3),     # its own lr
-      ('recipe__default__s0', 'pooled', 1e-3),
-      ('recipe__head_features__s0', 'features', 1e-3),  # its own head
-      ('recipe__lr3e-3__s0', 'pooled', 3e-3)]:
-    run = runs[run_id]
-    assert run.config == 'default'
-    args = run.command_args()
-    assert args[0] == '--config=configs/default.py'
-    config = _parse_flags([f'--config={changed}'] + args[1:])
-    assert config.model.head_input == head_input, run_id
-    assert config.optimizer.base_learning_rate == pytest.approx(lr), run_id
-    # The pins are not part of the run's identity (finished runs stay done).
-    assert not any('head_input=pooled' in a for a in run.args())
-
-
-def test_runs_naming_configs_default_train_configs_base():
-  # configs/default.py is configs/base.py plus the recipe chosen on the
-  # validation split. The study's NT-Xent, baseline and recipe runs name
-  # configs/default.py (their identity, and so their finished results,
-  # predate that choice); with the pins they must build exactly the config
-  # that configs/base.py with the run's own overrides builds.
-  runs = [r for r in reproduce.plan() if r.config == 'default']
-  assert len({r.variant for r in runs}) == 4   # regular, batch64, ...
-  configs = os.path.join(reproduce.ROOT, 'configs')
-  for r in runs:
-    if r.seed == 2 or (r.seed == 1 and r.variant != 'batch64'):
-      continue   # The seeds differ in config.seed only.
-    args = r.command_args()
-    assert args[0] == '--config=configs/default.py'
-    via_default = _parse_flags([f'--config={configs}/default.py'] + args[1:])
-    via_base = _parse_flags([f'--config={configs}/base.py'] + [
-        f'--config.{k}={reproduce._flag_value(v)}'  # pylint: disable=protected-access
-        for k, v in reproduce.current_options(r.overrides)])
-    assert via_default.to_dict() == via_base.to_dict(), r.run_id
-
+# ---------------------------------------------- study v2: run options ---
 
 def test_train_examples_follow_cacr_rules():
-  assert reproduce.train_examples('none') == 50_000
-  assert reproduce.train_examples('linear') == 27_500
-  assert reproduce.train_examples('exponential') == 7_904
+  assert study_v2.train_examples('none') == 50_000
+  assert study_v2.train_examples('linear') == 27_500
+  assert study_v2.train_examples('exponential') == 7_904
+
+
+def test_flag_values_and_todays_option_names():
+  assert study_v2.flag_value((0, 1)) == '(0,1)'
+  assert study_v2.flag_value(({'crop_scale': (0.08, 1.0)},)) == (
+      "({'crop_scale': (0.08, 1.0)},)")
+  assert study_v2.flag_value(0.5) == '0.5'
+  assert study_v2.current_options([
+      ('online.knn_every_steps', 0), ('eval.linear_max_iter', 0),
+      ('online.knn_k', 200), ('online.knn_bank_size', 50_000),
+      ('seed', 3)]) == [
+          ('evals.online_knn.every_steps', -1),
+          ('evals.linear.every_steps', -1), ('evals.online_knn.ks', (200,)),
+          ('evals.online_knn.bank_size', 50_000), ('seed', 3)]
+  # num_epochs that train.py turns into exactly the steps asked for.
+  for steps, examples in ((780, 50_000), (780, 7_904), (1, 50_000)):
+    epochs = study_v2.epochs_for_steps(steps, examples, 256)
+    assert int(epochs * (examples // 256)) == steps
 
 
 def _set_options(config, options) -> None:
   """Sets a run's (key, value) options on `config`, in today's names, as
   main.py's flags would."""
-  for key, value in reproduce.current_options(options):
+  for key, value in study_v2.current_options(options):
     node = config
     *path, leaf = key.split('.')
     for p in path:
@@ -162,290 +197,15 @@ def _set_options(config, options) -> None:
     node[leaf] = value
 
 
-def test_every_study_config_passes_validation():
-  import importlib
-  for r in reproduce.plan():
-    if r.seed:
-      continue
-    config = importlib.import_module(f'configs.{r.config}').get_config()
-    # As `Run.command_args`: the pins go to configs/default.py's runs only
-    # (a method config's loss may take no temperature, e.g. CACR's).
-    pins = {k: v for k, v in reproduce.PINNED.items()
-            if k not in dict(r.overrides) and r.config == 'default'}
-    _set_options(config, list(r.overrides) + list(pins.items()))
-    config_lib.validate(config, num_devices=8)
-
-
-# ------------------------------------------------------------ statistics ---
-
-def test_cell_statistics_match_numpy():
-  vals = [81.2, 83.5, 82.0]
-  cell = reproduce.Cell(vals)
-  assert cell.mean == pytest.approx(np.mean(vals))
-  assert cell.std == pytest.approx(np.std(vals, ddof=1))
-  assert reproduce.Cell([1.]).fmt() == '1.00 (n=1)'
-  assert math.isnan(reproduce.Cell([1.]).std)
-
-
-def test_paired_statistics_and_holm_match_hand_computation():
-  # Differences 1, 2, 3: mean 2, sd 1, t = 2 / (1 / sqrt 3) = 2 sqrt 3 on
-  # 2 df. For 2 df the two-sided p has a closed form, 1 - |t| / sqrt(t^2 + 2)
-  # = 1 - sqrt(12 / 14); t_0.975(2) = 4.302653 (tables).
-  st = reproduce.Paired((1., 2., 3.))
-  assert st.n == 3 and st.mean == pytest.approx(2.)
-  assert st.p == pytest.approx(1 - math.sqrt(12 / 14), rel=1e-6)
-  half = 4.302653 / math.sqrt(3)
-  assert st.ci == pytest.approx((2 - half, 2 + half), rel=1e-6)
-  assert st.fmt() == '+2.00 [-0.48, +4.48]'
-  one = reproduce.Paired((0.5,))
-  assert math.isnan(one.p) and math.isnan(one.ci[0]) and one.fmt() == (
-      '+0.50 (n=1)')
-  # Holm: sorted 0.005, 0.01, 0.03, 0.04 -> 4x, 3x, 2x, 1x = 0.02, 0.03,
-  # 0.06, 0.04, then the running maximum: 0.02, 0.03, 0.06, 0.06.
-  assert reproduce.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx(
-      [0.03, 0.06, 0.06, 0.02])
-  # Capped at 1; nan stays out of the family (m = 2 here).
-  adj = reproduce.holm([0.6, 0.5, math.nan])
-  assert adj[:2] == pytest.approx([1., 1.]) and math.isnan(adj[2])
-  assert reproduce.holm([0.02, math.nan, 0.04]) == pytest.approx(
-      [0.04, math.nan, 0.04], nan_ok=True)
-
-
-@pytest.mark.parametrize('mean, p_adj, want', [
-    (0.7, 0.01, 'supported'), (-0.8, 0.01, 'contradicted'),
-    (0.7, 0.2, 'inconclusive'), (-0.8, 0.06, 'inconclusive'),
-])
-def test_verdicts(mean, p_adj, want):
-  assert reproduce.verdict(mean, p_adj) == want
-
-
-def test_equivalence_verdicts():
-  assert reproduce.equivalence_verdict(-0.1, 0.3).startswith('supported')
-  assert reproduce.equivalence_verdict(-0.6, 0.3).startswith('inconclusive')
-  assert reproduce.equivalence_verdict(-1.2, -0.7).startswith('contradicted')
-  assert reproduce.equivalence_verdict(0.6, 0.9).startswith('inconclusive')
-
-
-def test_untestable_claims_are_outside_the_family():
-  fam = reproduce.family()
-  labels = {comp.label for comp, _ in fam}
-  assert len(fam) == 2 * len(labels) == 16
-  untestable = {c.label for _, _, comps in reproduce.CLAIMS for c in comps
-                if c.untestable}
-  assert untestable == {
-      'tcl_sup (regular) > supcon (regular)',
-      'macl (batch64) > ntxent_t0.1 (batch64)',
-      'gain over NT-Xent at batch 64 > at batch 256',
-      'jcl (regular) > moco_v2 (regular)'}
-  assert not labels & untestable
-
-
-def _committed_results():
-  out = {}
-  for name in os.listdir(reproduce.RESULTS_DIR):
-    with open(os.path.join(reproduce.RESULTS_DIR, name)) as f:
-      rec = json.load(f)
-    out[rec['run_id']] = rec
-  return out
-
-
-def test_claim_numbers_recomputed_from_the_committed_results():
-  """The report's paired statistics, recomputed here from the JSONs with
-  scipy.stats.ttest_rel and an independent Holm, for every testable test;
-  and the committed REPORT.md shows them."""
-  from scipy import stats
-  res = _committed_results()
-  def acc(variant, method, seed, metric):
-    return 100 * res[f'{variant}__{method}__s{seed}']['test']['trained'][
-        metric]
-  pairs = [('cacr_k4', 'cmc_k4'), ('cmc_k4', 'simclr'),
-           ('cacr_k1', 'simclr'), ('macl', 'ntxent_t0.1'), ('macl', 'dcl'),
-           ('cacr_moco', 'moco_v2')]
-  mine = {}
-  for a, b in pairs:
-    for metric in ('knn', 'linear'):
-      xa = [acc('regular', a, s, metric) for s in (0, 1, 2)]
-      xb = [acc('regular', b, s, metric) for s in (0, 1, 2)]
-      mine[(f'{a} (regular) > {b} (regular)', metric)] = (
-          np.mean(np.subtract(xa, xb)), stats.ttest_rel(xa, xb).pvalue)
-  for rule in ('linear', 'exponential'):
-    for metric in ('knn', 'linear'):
-      drop = lambda m: np.array([acc('regular', m, s, metric) -
-                                 acc(rule, m, s, metric) for s in (0, 1, 2)])
-      mine[(f'{rule}: SimCLR drop > CACR drop', metric)] = (
-          np.mean(drop('simclr') - drop('cacr_k1')),
-          stats.ttest_rel(drop('simclr'), drop('cacr_k1')).pvalue)
-  # Holm, written differently: p_(i) * (m - i) by rank, cumulative maximum.
-  keys = list(mine)
-  p = np.array([mine[k][1] for k in keys])
-  order = np.argsort(p)
-  adj_sorted = np.minimum(1, np.maximum.accumulate(
-      p[order] * (len(p) - np.arange(len(p)))))
-  holm_p = dict(zip([keys[i] for i in order], adj_sorted))
-
-  records = reproduce.load_results(reproduce.RESULTS_DIR, reproduce.plan())
-  rows = {(comp.label, metric): (st, p_adj, v) for _, comp, metric, st,
-          p_adj, v in reproduce.claim_table(records)}
-  assert len(keys) == 16
-  for k in keys:
-    st, p_adj, v = rows[k]
-    assert st.n == 3
-    assert st.mean == pytest.approx(mine[k][0], abs=1e-9), k
-    assert st.p == pytest.approx(mine[k][1], rel=1e-9), k
-    assert p_adj == pytest.approx(holm_p[k], rel=1e-9), k
-    want = ('inconclusive' if holm_p[k] >= 0.05 else
-            'supported' if mine[k][0] > 0 else 'contradicted')
-    assert v == want, k
-  # One row in full: CI from the t distribution on 2 df.
-  d = [acc('regular', 'cacr_moco', s, 'knn') - acc('regular', 'moco_v2', s,
-                                                    'knn') for s in (0, 1, 2)]
-  half = stats.t.ppf(0.975, 2) * np.std(d, ddof=1) / np.sqrt(3)
-  st, p_adj, v = rows[('cacr_moco (regular) > moco_v2 (regular)', 'knn')]
-  assert st.ci == pytest.approx((np.mean(d) - half, np.mean(d) + half))
-  with open(reproduce.REPORT) as f:
-    report = f.read()
-  row = (f'| cacr_moco (regular) > moco_v2 (regular) | knn | {st.fmt()} | 3 '
-         f'| {reproduce._p(st.p)} | {reproduce._p(p_adj)} | {v} |')
-  assert row in report, 'REPORT.md is stale: python -m benchmarks.reproduce ' \
-      '--report'
-  # Untestable rows carry no adjusted p and no directional verdict.
-  st, p_adj, v = rows[('jcl (regular) > moco_v2 (regular)', 'knn')]
-  assert math.isnan(p_adj) and v == 'untestable here' and st.n == 3
-
-
-def test_gain_over_random_init_is_paired_by_seed():
-  res = _committed_results()
-  records = reproduce.load_results(reproduce.RESULTS_DIR, reproduce.plan())
-  gains = {(v, m, metric): g for v, m, metric, g in
-           reproduce.gains_over_random_init(records)}
-  for method in ('simclr', 'insdis'):
-    d = [100 * (res[f'regular__{method}__s{s}']['test']['trained']['knn'] -
-                res[f'baselines__baselines__s{s}']['test']['random_init'][
-                    'knn']) for s in (0, 1, 2)]
-    assert gains[('regular', method, 'knn')].diffs == pytest.approx(d)
-  assert len(gains) == 2 * (len(reproduce.METHODS) +
-                            len(reproduce.SMALL_BATCH_METHODS))
-
-
-def test_provenance_lists_resumed_dirty_runs_and_commits():
-  def rec(run_id, commit, finished, resumed=None, dirty=False, steps=390):
-    return {'run_id': run_id, 'git_commit': commit, 'finished': finished,
-            'resumed_from_step': resumed, 'git_dirty': dirty, 'steps': steps}
-  records = [rec('b', 'f' * 40, '2026-01-02 00:00:00', resumed=100),
-             rec('a', 'e' * 40, '2026-01-01 00:00:00', dirty=True),
-             rec('c', 'f' * 40, '2026-01-03 00:00:00', resumed=390)]
-  prov = reproduce.provenance(records)
-  assert prov['resumed'] == {'b': (100, 390), 'c': (390, 390)}
-  assert prov['dirty'] == ['a']
-  assert prov['commits'] == ['e' * 40, 'f' * 40]
-  assert prov['span'] == ('2026-01-01 00:00:00', '2026-01-03 00:00:00')
-  assert prov['probe'] == {'a': None, 'b': None, 'c': None}  # not in git
-  # The committed study: the probe change splits it.
-  real = reproduce.provenance(
-      reproduce.load_results(reproduce.RESULTS_DIR, reproduce.plan()))
-  assert set(real['probe'].values()) == {True, False}
-  assert real['resumed']['batch64__macl__s1'] == (1560, 1560)
-
-
-# ------------------------------------------------------- --quick for real ---
-
-def _report_cell(report: str, variant: str, method: str):
-  row = re.search(rf'^\| {variant} \| {re.escape(method)} \| (.*?) \| (.*?) \|',
-                  report, re.M)
-  assert row, (variant, method)
-  return row.group(1), row.group(2)
-
-
-def test_quick_study_end_to_end(tmp_path):
-  out = str(tmp_path / 'study')
-  cmd = [sys.executable, '-m', 'benchmarks.reproduce', '--quick',
-         f'--out={out}', '--retries=0']
-  env = dict(os.environ)
-  env.pop('XLA_FLAGS', None)     # reproduce sets it for main.py itself.
-  first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=3600)
-  assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-  runs = reproduce.plan(quick=True)
-  records = {}
-  for run in runs:
-    with open(os.path.join(out, run.run_id + '.json')) as f:
-      records[run.run_id] = json.load(f)
-  for rec in records.values():
-    assert rec['eval_split'] == 'test' and rec['steps'] == 4
-    acc = rec['test']['trained']
-    assert 0.1 < acc['knn'] <= 1 and 0.1 < acc['linear'] <= 1
-    assert rec['train_seconds'] > 0 and len(rec['git_commit']) == 40
-  # The report's SimCLR cell is the mean +- std of the two seeds' JSONs.
-  with open(os.path.join(out, 'REPORT.md')) as f:
-    report = f.read()
-  assert os.path.getsize(os.path.join(out, 'report.png')) > 1000
-  knn = [100 * records[f'regular__simclr__s{s}']['test']['trained']['knn']
-         for s in (0, 1)]
-  lin = [100 * records[f'regular__simclr__s{s}']['test']['trained']['linear']
-         for s in (0, 1)]
-  knn_cell, lin_cell = _report_cell(report, 'regular', 'simclr')
-  assert knn_cell == f'{np.mean(knn):.2f} ± {np.std(knn, ddof=1):.2f} (n=2)'
-  assert lin_cell == f'{np.mean(lin):.2f} ± {np.std(lin, ddof=1):.2f} (n=2)'
-  lk, _ = _report_cell(report, 'linear', 'cacr_k1')
-  cacr = records['linear__cacr_k1__s0']['test']['trained']['knn']
-  assert lk == f'{100 * cacr:.2f} (n=1)'
-  assert '3 of 3 runs finished' in report
-  # The imbalanced run trained on CACR's linear subset: same steps.
-  assert records['linear__cacr_k1__s0']['overrides']['dataset.imbalance'] == \
-      'linear'
-
-  # A rerun skips every finished run and leaves the results untouched.
-  mtimes = {p: os.path.getmtime(os.path.join(out, p)) for p in os.listdir(out)
-            if p.endswith('.json')}
-  second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-  assert second.returncode == 0, second.stderr[-3000:]
-  assert 'main.py' not in second.stdout
-  assert mtimes == {p: os.path.getmtime(os.path.join(out, p)) for p in mtimes}
-
-
-def test_report_lists_the_recipe_candidates_on_validation(tmp_path):
-  runs = reproduce.plan()
-  cand = [r for r in runs if r.variant == 'recipe']
-  rec = _record(cand[0], 0.8412, 0.8850, 936)
-  rec['eval_split'] = 'validation'
-  rec['validation'] = dict(rec.pop('test'), random_init={
-      'knn': 0.8190, 'linear': 0.8533})
-  report, plot = str(tmp_path / 'REPORT.md'), str(tmp_path / 'r.png')
-  reproduce.write_report([rec], runs, report, plot)
-  with open(report) as f:
-    text = f.read()
-  section = text.split('## The default recipe')[1].split('\n## ')[0]
-  rows = [l for l in section.splitlines() if l.startswith('| ')][1:]
-  assert len(rows) == len(reproduce.RECIPES) + 1       # + random init
-  assert rows[0].startswith('| default:') and '| 84.12 | 88.50 |' in rows[0]
-  assert all('| - | - |' in r for r in rows[1:-1])     # not run yet
-  assert rows[-1] == '| baseline: random_init | - | 81.90 | 85.33 | - |'
-  # Validation numbers never enter the test-split table.
-  table = text.split('## Accuracy per method')[1].split('###')[0]
-  assert 'recipe' not in table and '84.12' not in table
-
-
-# ---------------------------------------------------------------- helpers ---
-
-def _record(run, knn, linear, steps):
-  return {'args': run.args(), 'run_id': run.run_id, 'variant': run.variant,
-          'method': run.method, 'config': run.config, 'seed': run.seed,
-          'eval_split': 'test', 'steps': steps,
-          'overrides': dict(run.overrides),
-          'test': {'trained': {'knn': knn, 'linear': linear}}}
-
-
-# -------------------------------------------------------------- watchdog ---
-
 def test_watchdog_kills_a_silent_run_and_spares_a_progressing_one(tmp_path):
   """A child that stops writing to its workdir is killed after the stall
   time; one that keeps writing runs to its own end (exit 0)."""
   silent = subprocess.Popen([sys.executable, '-c', 'import time; '
                              'time.sleep(60)'])
-  t0 = reproduce.time.time()
-  rc = reproduce._wait_watching(silent, str(tmp_path), 2., log=lambda s: None)
-  assert rc != 0 and reproduce.time.time() - t0 < 30
+  t0 = time.time()
+  rc = study_v2._watch(silent, str(tmp_path), 2., lambda: None,  # pylint: disable=protected-access
+                       log=lambda s: None)
+  assert rc != 0 and time.time() - t0 < 30
   busy_dir = tmp_path / 'busy'
   busy_dir.mkdir()
   code = ('import time, pathlib\n'
@@ -453,14 +213,11 @@ def test_watchdog_kills_a_silent_run_and_spares_a_progressing_one(tmp_path):
           'for i in range(6):\n'
           '  p.write_text(str(i)); time.sleep(1)\n')
   busy = subprocess.Popen([sys.executable, '-c', code])
-  assert reproduce._wait_watching(busy, str(busy_dir), 2.5,
-                                  log=lambda s: None) == 0
+  assert study_v2._watch(busy, str(busy_dir), 2.5, lambda: None,  # pylint: disable=protected-access
+                         log=lambda s: None) == 0
 
 
 # ------------------------------------------------ study v2: frozen code ---
-
-from benchmarks.study_v2 import study as study_v2  # pylint: disable=g-import-not-at-top,wrong-import-position
-
 
 def _git(repo, *args):
   return subprocess.run(['git', *args], cwd=repo, check=True,
@@ -591,7 +348,7 @@ def test_study_v2_plan():
     o = dict(r.overrides)
     assert o['model.encoder_kwargs.pool'] == 'avg'
     if r.arm != 'baselines':
-      steps = int(o['num_epochs'] * (reproduce.train_examples(
+      steps = int(o['num_epochs'] * (study_v2.train_examples(
           o.get('dataset.imbalance', 'none')) // 256))
       assert steps == (390 if r.stage == 'tune' else 780), r.run_id
   # Equal query views: MoCo v2 embeds both views as queries, as CACR-MoCo.
@@ -605,23 +362,6 @@ def test_study_v2_plan():
       assert tuple(config.moco.query_views) == (0, 1), r.run_id
     if r.arm != 'baselines':
       assert config.augment.num_views == 2, r.run_id
-
-
-def test_report_figure_rows_pair_each_method_with_its_seeds_random_init():
-  res = _committed_results()
-  records = reproduce.load_results(reproduce.RESULTS_DIR, reproduce.plan())
-  rows = reproduce.plot_rows(records, reproduce.plan())
-  assert {v for v, _, _ in rows['regular']} == {'regular', 'batch64'}
-  assert {v for v, _, _ in rows['imbalanced']} == {'linear', 'exponential'}
-  row = {(v, m): r for v, m, r in rows['regular']}
-  rand = np.mean([100 * res[f'baselines__baselines__s{s}']['test'][
-      'random_init']['knn'] for s in (0, 1, 2)])
-  knn = [100 * res[f'regular__cmc_k4__s{s}']['test']['trained']['knn']
-         for s in (0, 1, 2)]
-  mean, std, random_init, n = row[('regular', 'cmc_k4')]['knn']
-  assert (mean, std, n) == pytest.approx((np.mean(knn), np.std(knn, ddof=1),
-                                          3))
-  assert random_init == pytest.approx(rand)
 
 
 def _v2_records(seed_values):
@@ -651,7 +391,6 @@ def _v2_records(seed_values):
 
 def test_study_v2_analysis_matches_scipy():
   from scipy import stats
-  from benchmarks.study_v2 import analysis
   rng = np.random.default_rng(0)
   vals = {(a, ''): list(0.85 + 0.01 * rng.standard_normal(4))
           for a in study_v2.ARMS}
@@ -764,7 +503,6 @@ def test_study_v2_claims_with_an_arm_at_random_init_are_untestable():
   # gain's 95% CI reaches below 0) makes C4 untestable for that metric;
   # the test statistics are still computed and Holm's family keeps 14.
   from scipy import stats
-  from benchmarks.study_v2 import analysis
   vals = _v2_values_moco_at_random_init(np.random.default_rng(1), 0.003)
   gain = 100 * (np.array(vals[('moco_v2', '')]) -
                 np.array(vals[('baselines', '')]))
@@ -1081,7 +819,8 @@ def _check_v2_report(base):
     if j is None:
       continue
     row, d, flat = j
-    assert row[4] == reproduce._p(pi) and row[5] == reproduce._p(ph), row  # pylint: disable=protected-access
+    assert row[4] == study_stats.fmt_p(pi), row
+    assert row[5] == study_stats.fmt_p(ph), row
     if flat:
       want = 'untestable here: ' + ', '.join(flat) + ' not above random init'
     elif ph < 0.05:
@@ -1091,7 +830,7 @@ def _check_v2_report(base):
     assert row[6] == want, row
     label = ('untestable here' if flat else 'equivalent within ±1.0'
              if pth < 0.05 else 'not shown equivalent')
-    assert row[7] == f'{reproduce._p(pth)} ({label})', row  # pylint: disable=protected-access
+    assert row[7] == f'{study_stats.fmt_p(pth)} ({label})', row
 
 
 def _write_v2_study(tmp_path, skip=(), unscored=()):
@@ -1119,7 +858,6 @@ def test_study_v2_closed_study_marks_claims_missing_runs_untestable(
   # A study stopped with runs not made (PROTOCOL.md Sec. 6): the claims
   # missing a run are "untestable here" with the reason, the report lists
   # the runs, and the complete claims keep their verdicts.
-  from benchmarks.study_v2 import analysis
   results = _write_v2_study(tmp_path, skip=('final__cmc__s3',
                                             'imbalance__cacr_k1__linear__s2'))
   text = analysis.write_report(results, str(tmp_path / 'REPORT.md'),
@@ -1146,14 +884,13 @@ def test_study_v2_imbalance_run_without_balanced_scores_is_not_counted(
   # A driver stopped during an imbalance run's balanced evaluation records
   # the run done without 'test_balanced': the report does not count it,
   # says so, and its claims wait for that seed.
-  from benchmarks.study_v2 import analysis
   results = _write_v2_study(tmp_path,
                             unscored=('imbalance__ntxent__linear__s1',))
   text = analysis.write_report(results, str(tmp_path / 'REPORT.md'),
                                tag_commit=None)
   assert 'imbalance 15 of 16' in text
   assert ('Recorded done without their balanced evaluation, so not counted '
-          '(rerun it, benchmarks/study_v2/README.md): '
+          '(rerun it, studies/v2/README.md): '
           'imbalance__ntxent__linear__s1.') in text
   assert '| imbalance__ntxent__linear__s1 | done, no balanced evaluation |' \
       in text
@@ -1163,14 +900,13 @@ def test_study_v2_imbalance_run_without_balanced_scores_is_not_counted(
 
 
 def test_study_v2_committed_report_recomputes_from_the_records():
-  _check_v2_report(os.path.join(ROOT, 'benchmarks', 'study_v2'))
+  _check_v2_report(os.path.join(ROOT, 'studies', 'v2'))
 
 
 def test_study_v2_report_check_reads_a_complete_study(tmp_path):
   # A complete synthetic study (4 seeds of every arm, the baselines and
   # the imbalance runs): the report analysis.py writes passes the check,
   # and one changed digit in it fails.
-  from benchmarks.study_v2 import analysis
   # moco_v2 at the random-init level: C4 is untestable (Amendment 3).
   results = _write_v2_study(tmp_path)
   report = str(tmp_path / 'REPORT.md')
@@ -1213,3 +949,29 @@ def test_study_v2_report_check_reads_a_complete_study(tmp_path):
                                           f' | {changed} | ')))
   with pytest.raises(AssertionError):
     _check_v2_report(str(tmp_path))
+
+
+def test_study_v2_committed_report_regenerates_byte_for_byte(tmp_path,
+                                                              monkeypatch):
+  """`python -m studies.v2.analysis` on the committed records writes the
+  committed REPORT.md, given its date and the tags' commits (this checkout
+  may have no tags: they are the first pilot's and the recipe stage's
+  `study_commit`)."""
+  with open(os.path.join(V2, 'REPORT.md'), encoding='utf-8') as f:
+    committed = f.read()
+  stamp = re.search(r' on (\d{4}-\d\d-\d\d \d\d:\d\d); do not edit',
+                    committed).group(1)
+  strftime = time.strftime
+  monkeypatch.setattr(time, 'strftime', lambda fmt, *a: (
+      stamp if fmt == '%Y-%m-%d %H:%M' and not a else strftime(fmt, *a)))
+  results = os.path.join(V2, 'results')
+  def commit(run_id):
+    with open(os.path.join(results, run_id + '.json')) as f:
+      return json.load(f)['study_commit']
+  out = str(tmp_path / 'REPORT.md')
+  text = analysis.write_report(
+      results, out, tag_commit=commit('recipe__baselines__s0'),
+      first_tag_commit=commit('pilot__ntxent__s0'))
+  assert text == committed
+  with open(out, 'rb') as f, open(os.path.join(V2, 'REPORT.md'), 'rb') as g:
+    assert f.read() == g.read()

@@ -1,16 +1,15 @@
 r"""Study v2's analysis, as PROTOCOL.md Sec. 7 fixes it, and its report.
 
-    python -m benchmarks.study_v2.analysis
+    python -m studies.v2.analysis
 
-writes benchmarks/study_v2/REPORT.md from the run records in
-benchmarks/study_v2/results/ (nothing else), in this order: the budget
-statement; each claim's per-seed contrast, paired t-test (n - 1 df), 95%
-CI, Holm over the family, verdict and equivalence test (TOST,
-+-`EQUIVALENCE_MARGIN`); each arm's test accuracy over its seeds; the
-imbalance runs with both banks and their drops; each arm's gain over the
-same seed's random-init encoder; then the stages that fixed the setting
-(the shared recipe, the budget pilots, the tuning) and every run's
-invocations.
+writes studies/v2/REPORT.md from the run records in studies/v2/results/
+(nothing else), in this order: the budget statement; each claim's per-seed
+contrast, paired t-test (n - 1 df), 95% CI, Holm over the family, verdict
+and equivalence test (TOST, +-`EQUIVALENCE_MARGIN`); each arm's test
+accuracy over its seeds; the imbalance runs with both banks and their
+drops; each arm's gain over the same seed's random-init encoder; then the
+stages that fixed the setting (the shared recipe, the budget pilots, the
+tuning) and every run's invocations.
 """
 
 from __future__ import annotations
@@ -21,10 +20,10 @@ import math
 import os
 import time
 
-from benchmarks import reproduce
-from benchmarks.study_v2 import study
+from studies import stats as study_stats
+from studies.v2 import study
 
-REPORT = os.path.join(study.ROOT, 'benchmarks', 'study_v2', 'REPORT.md')
+REPORT = os.path.join(study.ROOT, 'studies', 'v2', 'REPORT.md')
 METRICS = ('knn', 'linear')
 ALPHA = 0.05
 EQUIVALENCE_MARGIN = 1.0
@@ -104,11 +103,11 @@ def contrast(data: dict, terms, metric: str) -> tuple[float, ...]:
 
 def tost_p(diffs, margin: float = EQUIVALENCE_MARGIN) -> float:
   """Two one-sided t-tests of |mean| < margin (n - 1 df): the larger p."""
-  st = reproduce.Paired(tuple(diffs))
+  st = study_stats.Paired(tuple(diffs))
   if st.n < 2:
     return math.nan
   from scipy import stats  # pylint: disable=g-import-not-at-top
-  se = st._se()  # pylint: disable=protected-access
+  se = st.se()
   if se == 0:
     return 0. if abs(st.mean) < margin else 1.
   lower = stats.t.sf((st.mean + margin) / se, st.n - 1)   # H0: mean <= -m
@@ -121,17 +120,17 @@ class Row:
   cid: str
   claim: str
   metric: str
-  stats: reproduce.Paired
+  stats: study_stats.Paired
   p_holm: float
   verdict: str
   p_tost: float
   p_tost_holm: float
 
 
-def gain(data: dict, arm: str, metric: str) -> reproduce.Paired:
+def gain(data: dict, arm: str, metric: str) -> study_stats.Paired:
   """`arm`'s balanced final runs minus the same seeds' random-init
   encoder, in accuracy points."""
-  return reproduce.Paired(contrast(
+  return study_stats.Paired(contrast(
       data, ((1, (arm, '')), (-1, ('baselines', ''))), metric))
 
 
@@ -163,12 +162,12 @@ def claim_rows(records: list[dict], closed: str | None = None) -> list[Row]:
   data = per_seed(records)
   keys = [(cid, claim, terms, m) for cid, claim, terms in CLAIMS
           for m in METRICS]
-  st = [reproduce.Paired(contrast(data, terms, m)) for _, _, terms, m in keys]
+  st = [study_stats.Paired(contrast(data, terms, m)) for _, _, terms, m in keys]
   ready = [seeds_in(data, terms, m) for _, _, terms, m in keys]
   complete = [k >= PLANNED_SEEDS for k in ready]
-  holm = reproduce.holm([s.p if c else 1. for s, c in zip(st, complete)])
+  holm = study_stats.holm([s.p if c else 1. for s, c in zip(st, complete)])
   tost = [tost_p(s.diffs) if c else 1. for s, c in zip(st, complete)]
-  tost_holm = reproduce.holm(tost)
+  tost_holm = study_stats.holm(tost)
   rows = []
   for (cid, claim, terms, m), s, k, c, ph, pt, pth in zip(
       keys, st, ready, complete, holm, tost, tost_holm):
@@ -191,7 +190,7 @@ def claim_rows(records: list[dict], closed: str | None = None) -> list[Row]:
       verdict = ('untestable here: ' + ', '.join(flat) +
                  ' not above random init')
     else:
-      verdict = reproduce.verdict(s.mean, ph)
+      verdict = study_stats.verdict(s.mean, ph)
     rows.append(Row(cid, claim, m, s, ph, verdict, pt, pth))
   return rows
 
@@ -226,7 +225,7 @@ def imbalance_rows(records: list[dict]) -> list[tuple[str, str, dict]]:
   (% per seed, in seed order) with the balanced bank and probe ('balanced',
   what C6 and C7 read) and with the run's own imbalanced ones
   ('imbalanced', reported beside), and the drop from the same seeds'
-  balanced-data final run (balanced bank; a `reproduce.Paired`)."""
+  balanced-data final run (balanced bank; a `studies.stats.Paired`)."""
   data = per_seed(records)
   runs = sorted((r for r in records if is_done(r)
                  and r['stage'] == 'imbalance'), key=lambda r: r['seed'])
@@ -240,23 +239,23 @@ def imbalance_rows(records: list[dict]) -> list[tuple[str, str, dict]]:
             'balanced': [100 * r['test_balanced']['trained'][m]
                          for r in mine],
             'imbalanced': [100 * r['test']['trained'][m] for r in mine],
-            'drop': reproduce.Paired(contrast(
+            'drop': study_stats.Paired(contrast(
                 data, ((1, (arm, '')), (-1, (arm, rule))), m))}
       rows.append((arm, rule, cells))
   return rows
 
 
 def _mean_sd(values: list[float]) -> str:
-  """'mean ± sample sd' of the seeds' accuracies (`reproduce.Cell`, whose
+  """'mean ± sample sd' of the seeds' accuracies (`studies.stats.Cell`, whose
   seed count the tables give in a column of their own); '-' with none."""
-  cell = reproduce.Cell(values)
+  cell = study_stats.Cell(values)
   if not cell.n:
     return '-'
   return f'{cell.mean:.2f}' if cell.n == 1 else (
       f'{cell.mean:.2f} ± {cell.std:.2f}')
 
 
-def gains(records: list[dict]) -> list[tuple[str, str, reproduce.Paired]]:
+def gains(records: list[dict]) -> list[tuple[str, str, study_stats.Paired]]:
   data = per_seed(records)
   return [(arm, m, gain(data, arm, m)) for arm in study.ARMS
           for m in METRICS]
@@ -326,9 +325,9 @@ def budget_text(results_dir: str, records: list[dict], recipe) -> str:
   else:
     steps = study._steps(e)  # pylint: disable=protected-access
     subsets = ' and '.join(
-        f'{steps * study.BATCH / reproduce.train_examples(rule):.1f}'
+        f'{steps * study.BATCH / study.train_examples(rule):.1f}'
         for rule in study.IMBALANCE_RULES)
-    sizes = ' and '.join(f'{reproduce.train_examples(rule):,}'
+    sizes = ' and '.join(f'{study.train_examples(rule):,}'
                          for rule in study.IMBALANCE_RULES)
     text += (f'Final runs: {steps} steps of {study.BATCH} images ({e} epochs '
              'of the 50,000 training images); the imbalance runs take the '
@@ -374,7 +373,7 @@ def progress(records: list[dict], closed: str | None = None) -> str:
   repair = ''
   if unscored:
     repair = (f' Recorded done without their balanced evaluation, so not '
-              f'counted (rerun it, benchmarks/study_v2/README.md): '
+              f'counted (rerun it, studies/v2/README.md): '
               f'{", ".join(unscored)}.')
   if not missing:
     return f'Runs done: {text} (complete).'
@@ -397,7 +396,7 @@ def load_all(results_dir: str) -> list[dict]:
 
 
 def _p(p: float) -> str:
-  return reproduce._p(p)  # pylint: disable=protected-access
+  return study_stats.fmt_p(p)
 
 
 def power_text(n: int = PLANNED_SEEDS) -> str:
@@ -420,7 +419,7 @@ def reading_text(records: list[dict]) -> str:
   """What a reader needs beside the verdicts (the setting, the baselines,
   the interim tables)."""
   acc = {row: a for row, _, a in accuracy_rows(records)}
-  mean = lambda v: reproduce.Cell(v).mean
+  mean = lambda v: study_stats.Cell(v).mean
   text = ('Reading these results: the setting is a small CNN on '
           'Fashion-MNIST for a few epochs, far from the papers\' (ResNets, '
           'hundreds of epochs, CIFAR or ImageNet); a verdict here is about '
@@ -455,8 +454,8 @@ def write_report(results_dir: str, path: str, *, tag_commit: str | None,
   data = per_seed(records)
   lines = [
       '# Study v2: report', '',
-      'Generated by `python -m benchmarks.study_v2.analysis` from the run '
-      f'records in `benchmarks/study_v2/results/` on '
+      'Generated by `python -m studies.v2.analysis` from the run '
+      f'records in `studies/v2/results/` on '
       f'{time.strftime("%Y-%m-%d %H:%M")}; do not edit by hand. The '
       'protocol, fixed before the runs, is `PROTOCOL.md` beside this file.',
       '']

@@ -1,2 +1,0 @@
-"""Study v2 of the papers' comparisons: PROTOCOL.md, the driver (study.py)
-and the run records (results/)."""
