@@ -26,16 +26,24 @@ VARIABLES = {
         'tcl_grad_norm', 'similarity.tolist()', 'own_loop', 'signal_weight',
         'nuisance_weight', 'view_cosine'),
     '02_train': ('results', 'history', 'gap'),
-    '03_checkpoint': ('step', 'knn_accuracy', 'K', 'evaluation',
+    # evaluate_checkpoint's results without the run's path on this machine.
+    '03_checkpoint': ('step', 'knn_accuracy', 'K', (
+        'evaluation', "{k: v for k, v in evaluation.items() if k != 'workdir'}"),
                       'neighbour_agreement', 'bank_x.shape', 'query_x.shape'),
 }
 # The notebook whose recorded variables a check also reads.
 READS = {'03_checkpoint': '02_train'}
 
 
+def names(name: str) -> list[str]:
+  """The recorded variables' names (an entry is a name or (name, expression))."""
+  return [v if isinstance(v, str) else v[0] for v in VARIABLES[name]]
+
+
 def dump_cell(name: str) -> str:
   """The cell that prints `VARIABLES[name]` as one JSON line."""
-  items = ', '.join(f'{v!r}: {v}' for v in VARIABLES[name])
+  items = ', '.join(f'{v!r}: {v}' if isinstance(v, str) else f'{v[0]!r}: {v[1]}'
+                    for v in VARIABLES[name])
   return f'import json; print("JSON:" + json.dumps({{{items}}}))'
 
 

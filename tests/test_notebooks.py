@@ -25,7 +25,7 @@ def test_committed_notebook_passes_its_checks(name):
   the hash test below ties them to the current code."""
   nb = nbformat.read(os.path.join(execute.HERE, name + '.ipynb'), 4)
   values = nb.metadata['contrastive_jax']['checked']
-  assert sorted(values) == sorted(checks.VARIABLES[name])
+  assert sorted(values) == sorted(checks.names(name))
   reads = checks.READS.get(name)
   checks.CHECKS[name](nb, values, read=reads and execute.recorded_variables(
       reads))
