@@ -8,8 +8,8 @@ Run from the repository root (8 virtual CPU devices are set up here):
 What is measured. The MoCo v2 step of `configs/moco_v2.py` (small CNN,
 batch 256 x 2 views, shuffle-BN, InfoNCE against the queue only) with the
 paper's queue, Q = 65536 rows of D = 128, built exactly as train.py builds it
-(`step_lib.build`: state sharded as `step_lib.state_shardings` says, the
-queue by rows over 'data'), compiled for 8 devices in two layouts:
+(`step_lib.build`: the state replicated but the queue, sharded by rows
+over 'data'), compiled for 8 devices in two layouts:
 
 * gathered (before): the queue write was a `dynamic_update_slice` at the
   traced pointer. On a row-sharded queue XLA's SPMD partitioner all-gathers

@@ -13,6 +13,9 @@ with that recipe, measured.
 
 import ml_collections
 
+from contrastive_jax.methods import memory_bank
+from contrastive_jax.methods import moco
+
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
@@ -164,30 +167,9 @@ def get_config() -> ml_collections.ConfigDict:
   # 'moco' (EMA key encoder, optional queue), 'memory_bank' (InsDis/CMC).
   config.method = 'in_batch'
   config.use_labels = False       # Pass batch labels to the loss (supcon, tcl).
-  # method='moco' (and methods built on it) only.
-  config.moco = ml_collections.ConfigDict()
-  config.moco.momentum = 0.999              # EMA momentum m (at step 0).
-  config.moco.momentum_schedule = 'constant'  # Or 'cosine' (to 1; MoCo v3).
-  config.moco.query_views = (0,)            # Views through the online encoder.
-  config.moco.key_views = (1,)              # Views through the key encoder.
-  config.moco.queue_size = 0                # 0: no queue; else % batch_size.
-  config.moco.shuffle_bn = False            # Key encoder: per-device shuffle-BN.
-  # > 0: a predictor MLP (this hidden width, out head_out_dim) on the query
-  # branch, MoCo v3's and BYOL's; 0: none (MoCo v1/v2).
-  config.moco.predictor_hidden_dim = 0
-  # What enters the queue: 'first' key view (MoCo), 'last' key view (CACR's
-  # MoCo v2 code), 'mean' of the normalised key views (JCL's key means) or
-  # 'all' key views, one after the other in key_views order (lightly's
-  # symmetric MoCo enqueues both views' keys; queue_size then a multiple of
-  # batch_size x len(key_views)).
-  config.moco.enqueue_keys = 'first'
-  # method='memory_bank' only.
-  config.memory_bank = ml_collections.ConfigDict()
-  config.memory_bank.momentum = 0.5         # Bank row update (InsDis: 0.5).
-  config.memory_bank.num_negatives = 4096   # Rows sampled as noise per step.
-  # 'per_instance': K rows for every instance (InsDis); 'shared': one K-row
-  # sample for the whole batch (CMC).
-  config.memory_bank.noise = 'per_instance'
+  # Each method's section holds its own defaults (methods/<name>.py DEFAULTS).
+  config.moco = ml_collections.ConfigDict(moco.DEFAULTS)
+  config.memory_bank = ml_collections.ConfigDict(memory_bank.DEFAULTS)
 
   config.optimizer = ml_collections.ConfigDict()
   # adamw (decoupled decay), adam (torch's Adam: L2 added to the gradient),
@@ -236,6 +218,8 @@ def get_config() -> ml_collections.ConfigDict:
   # ('online/linear_acc').
   config.online.classifier = True
 
+  # What every evaluator of config.evals (below) shares: the split scored,
+  # the feature batch, the baselines, the t-SNE maps.
   config.eval = ml_collections.ConfigDict()
   # What the final evaluators score: 'test' (config.dataset.eval_split) or
   # 'validation' (the holdout; needs config.dataset.validation_size > 0).

@@ -19,24 +19,17 @@ def load_encoder(workdir: str, *, step: int | None = None,
       >>> features = encoder(images)             # [B, 28, 28, 1] -> [B, F]
       >>> z = encoder.project(images)            # the projection head's [B, D]
 
-  Args:
-    workdir: a training run's --workdir (local, or `gs://bucket/run`).
-    step: a checkpoint step instead of the newest readable one.
-    image_shape: (H, W, C) of the run's images; default the run's
-      `data.json`, else its dataset's.
+  `workdir`: a run's --workdir (local, or `gs://bucket/run`); `step`: a
+  checkpoint step (default the newest readable one); `image_shape`: (H, W, C)
+  (default the run's `data.json`, else its dataset's). The `Encoder` holds
+  params and BatchNorm statistics, with `config`, `step`, `classes` and
+  `image_shape`; its outputs are numpy float32 ([F] or [D] for one image).
 
-  Returns:
-    An `Encoder` (numpy float32 outputs; [F] or [D] for one image [H, W, C])
-    with `config`, `step`, `classes` and `image_shape`. Only params and
-    BatchNorm statistics are restored.
-
-  The images (numpy or jax) must be [B, H, W, C] of the run's `image_shape`
-  (another size, channel count, channels first or no channel axis is
-  refused). Integers (uint8, ...) must be pixels in [0, 255]: read as uint8,
-  divided by 255. Floats must lie in [0, 1], no NaN or inf. A refusal is a
-  ValueError naming the problem and the fix, e.g. "images are [B, C, H, W] =
-  [8, 3, 32, 32] (channels first); this encoder takes [B, 32, 32, 3]:
-  images.transpose(0, 2, 3, 1).".
+  Images (numpy or jax) are [B, H, W, C] of the run's `image_shape`; integers
+  are pixels in [0, 255] (read as uint8, divided by 255), floats lie in
+  [0, 1]. Anything else is a ValueError naming the fix, e.g. "images are
+  [B, C, H, W] = [8, 3, 32, 32] (channels first); this encoder takes
+  [B, 32, 32, 3]: images.transpose(0, 2, 3, 1).".
   """
   from contrastive_jax import encoder  # pylint: disable=g-import-not-at-top
   return encoder.load_encoder(workdir, step=step, image_shape=image_shape)

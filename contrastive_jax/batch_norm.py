@@ -3,11 +3,10 @@ batch, with the residual add and ReLU after it fused in.
 
 `BatchNorm(...)(x, residual=r, relu=True)` computes
     y = relu(scale * (x - mean) / sqrt(var + eps) + bias + r)
-with the biased batch statistics of x. With `fused=True` the backward is the
-textbook one written out (`fused_batch_norm`, two passes over the
-memory-bound tensors), else what autodiff derives; both agree to float32
-rounding. Parameters and statistics have nn.BatchNorm's names and dtypes, so
-checkpoints do not depend on `config.model.fused_bn`.
+with the biased batch statistics of x. `fused=True`: the textbook backward
+(`fused_batch_norm`, two passes over the memory-bound tensors), else
+autodiff's; equal to float32 rounding. Names and dtypes are nn.BatchNorm's,
+so checkpoints do not depend on `config.model.fused_bn`.
 """
 
 from __future__ import annotations
@@ -86,10 +85,8 @@ def _fused_bwd(groups, relu, epsilon, saved, cotangents):
   dy, dmean, dvar = cotangents
   xg, axes = _grouped(x, groups)
   m = xg.size // (groups * x.shape[-1])
-  if isinstance(dy, SymbolicZero):
-    g = jnp.zeros(xg.shape, jnp.float32)
-  else:
-    g = dy.reshape(xg.shape).astype(jnp.float32)
+  g = (jnp.zeros(xg.shape, jnp.float32) if isinstance(dy, SymbolicZero)
+       else dy.reshape(xg.shape).astype(jnp.float32))
   if relu:    # nn.relu's gradient: 0 where the output is 0.
     g = jnp.where(y.reshape(xg.shape) > 0, g, 0.)
   xhat = (xg.astype(jnp.float32) - mean) * rstd
@@ -115,8 +112,7 @@ class BatchNorm(nn.BatchNorm):
   """nn.BatchNorm [+ residual add] [+ ReLU], over the batch or groups of it.
 
   In training each of `splits` contiguous groups of the batch has its own
-  statistics (MoCo's per-GPU BN); the running statistics move towards the
-  groups' mean. `fused` selects the textbook backward.
+  statistics (MoCo's per-GPU BN); the running ones move towards their mean.
   """
   use_running_average: bool = False
   momentum: float = BN_MOMENTUM
@@ -164,12 +160,8 @@ class BatchNorm(nn.BatchNorm):
     return nn.relu(y) if relu else y
 
 
-def batch_norm(*, train: bool, dtype, bn_splits: int = 0,
-               fused: bool = True, **kwargs):
-  """The encoders' BatchNorm constructor (call it with `name=`).
-
-  `bn_splits` 0: statistics over the whole batch; > 0: over that many groups.
-  """
+def batch_norm(*, train: bool, dtype, bn_splits: int = 0, fused: bool = True):
+  """The encoders' BatchNorm (call it with `name=`); `bn_splits` 0: statistics
+  over the whole batch, > 0: over that many groups."""
   return functools.partial(BatchNorm, use_running_average=not train,
-                           momentum=BN_MOMENTUM, epsilon=1e-5, dtype=dtype,
-                           splits=max(bn_splits, 1), fused=fused, **kwargs)
+                           dtype=dtype, splits=max(bn_splits, 1), fused=fused)

@@ -1,8 +1,8 @@
 """Checkpoints with Orbax: the only module that imports orbax.
 
-Saving is asynchronous and keeps the last `max_to_keep` steps; a step is
-listed only once complete, and an unreadable one is skipped with a warning.
-`save` refuses a non-finite state and raises when Orbax declines a step;
+Saving is asynchronous and keeps the last 3 steps; a step is listed only
+once complete, and an unreadable one is skipped with a warning. `save`
+refuses a non-finite state and raises when Orbax declines a step;
 `restore_latest` raises when checkpoints exist but none fits the state.
 Replica-parallel saving is kept for slices of at least
 `REPLICA_PARALLEL_MIN_BYTES` only (docs/performance.md).
@@ -10,7 +10,6 @@ Replica-parallel saving is kept for slices of at least
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -39,9 +38,8 @@ def _handler() -> ocp.PyTreeCheckpointHandler:
   return ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
 
 
-def create_manager(workdir: str, *, max_to_keep: int = 3
-                   ) -> ocp.CheckpointManager:
-  options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
+def create_manager(workdir: str) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(max_to_keep=3,
                                          enable_async_checkpointing=True)
   return ocp.CheckpointManager(
       os.path.join(storage.location(workdir), 'checkpoints'), options=options,
@@ -64,11 +62,7 @@ def nonfinite_leaves(tree) -> list[str]:
 
 
 def save(manager: ocp.CheckpointManager, step: int, state) -> None:
-  """Starts writing `state` as checkpoint `step` (asynchronously).
-
-  Raises FloatingPointError for a NaN or inf in `state` (nothing is
-  written), RuntimeError when Orbax declines `step`.
-  """
+  """Starts writing `state` as checkpoint `step` (asynchronously)."""
   if bad := nonfinite_leaves(state):
     raise FloatingPointError(
         f'the state at step {step} is not finite ({", ".join(bad[:4])}'
@@ -127,10 +121,8 @@ def _restore_first_readable(manager: ocp.CheckpointManager, steps, args,
 
 def restore_latest(manager: ocp.CheckpointManager, target):
   """(state, step) of the newest readable checkpoint in `target`'s structure
-  and shardings; (target, None) when there is none. ValueError when there
-  are checkpoints and none restores (e.g. a memory bank padded to another
-  device count).
-  """
+  and shardings; (target, None) when there is none. ValueError when none of
+  the checkpoints restores (e.g. a memory bank padded to another count)."""
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
   state, step, errors = _restore_first_readable(
       manager, sorted(manager.all_steps(), reverse=True),
@@ -150,17 +142,9 @@ def restore_latest(manager: ocp.CheckpointManager, target):
   return state, step
 
 
-@contextlib.contextmanager
-def _without_read_only_notices():
-  """Leaves out orbax's notices about read-only managers (nothing to do)."""
-  def keep(record) -> bool:
-    return not any(m in record.getMessage() for m in runtime.HARMLESS_WARNINGS)
-  logger = logging.get_absl_logger()      # orbax logs through absl.
-  logger.addFilter(keep)
-  try:
-    yield
-  finally:
-    logger.removeFilter(keep)
+def _not_harmless(record) -> bool:
+  """A log filter leaving out orbax's notices about read-only managers."""
+  return not any(m in record.getMessage() for m in runtime.HARMLESS_WARNINGS)
 
 
 def restore_variables(workdir: str, model, image_shape: Sequence[int], mesh,
@@ -176,23 +160,27 @@ def restore_variables(workdir: str, model, image_shape: Sequence[int], mesh,
   shapes = jax.eval_shape(
       lambda: model.init(jax.random.key(0),
                          jnp.zeros((2,) + tuple(image_shape)), train=False))
-  target = {'params': shapes['params'],
-            'batch_stats': shapes.get('batch_stats', {})}
   target = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
-      target)
-  restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+      {'params': shapes['params'],
+       'batch_stats': shapes.get('batch_stats', {})})
   # The options a read-only manager takes; orbax notes any it has to reset.
   options = ocp.CheckpointManagerOptions(read_only=True, create=False,
                                          save_interval_steps=0)
-  with _without_read_only_notices(), ocp.CheckpointManager(
-      directory, options=options) as manager:
-    steps = [step] if step is not None else sorted(manager.all_steps(),
-                                                   reverse=True)
-    # partial_restore: the rest of the saved TrainState stays on disk.
-    out, restored, errors = _restore_first_readable(
-        manager, steps, ocp.args.PyTreeRestore(
-            item=target, restore_args=restore_args, partial_restore=True))
+  logger = logging.get_absl_logger()      # orbax logs through absl.
+  logger.addFilter(_not_harmless)
+  try:
+    with ocp.CheckpointManager(directory, options=options) as manager:
+      steps = [step] if step is not None else sorted(manager.all_steps(),
+                                                     reverse=True)
+      # partial_restore: the rest of the saved TrainState stays on disk.
+      out, restored, errors = _restore_first_readable(
+          manager, steps, ocp.args.PyTreeRestore(
+              item=target, partial_restore=True,
+              restore_args=ocp.checkpoint_utils.construct_restore_args(
+                  target)))
+  finally:
+    logger.removeFilter(_not_harmless)
   if restored is not None:
     return {'params': out['params'],
             'batch_stats': out['batch_stats']}, restored

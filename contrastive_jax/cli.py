@@ -1,16 +1,12 @@
 """The command-line entry points: training and evaluating a checkpoint.
 
-Installed (`pip install -e .`) they are console scripts; from a checkout,
-`python main.py` is the training one and `python -m contrastive_jax.cli
-<train|eval> ...` runs either:
-
   contrastive-jax-train --config=configs/default.py --workdir=workdir/default
   contrastive-jax-eval --workdir=workdir/default [--linear_eval=cifar]
 
-Both set up the process before jax starts (`runtime`: CPU thread pools,
-several hosts) and keep library logs to warnings. `--help` prints the flags
-and main config fields; a user's mistake ends in its message alone, every
-problem listed, exit status 2 (`--verbosity=1` adds the traceback).
+From a checkout: `python main.py` or `python -m contrastive_jax.cli
+<train|eval>`. `--help` lists the flags and main config fields; a user's
+mistake ends in its message alone, exit status 2 (`--verbosity=1` adds the
+traceback).
 """
 
 from __future__ import annotations
@@ -84,12 +80,9 @@ def _print_help(summary: str, usage: str, flag_names, *, fields: bool
 
 def _config_file_problem(argv) -> str | None:
   """--config's missing file, which absl reports late, as a traceback."""
-  for i, arg in enumerate(argv):
-    value = None
-    if arg.startswith('--config='):
-      value = arg.split('=', 1)[1]
-    elif arg == '--config' and i + 1 < len(argv):
-      value = argv[i + 1]
+  for arg, following in zip(argv, list(argv[1:]) + [None]):
+    value = (arg.split('=', 1)[1] if arg.startswith('--config=') else
+             following if arg == '--config' else None)
     if value is not None:
       path = value.split(':', 1)[0]
       if not os.path.isfile(path):
@@ -143,20 +136,15 @@ def _parse_error_message(e: Exception, argv) -> str:
           + ' (configs/base.py lists every field).')
 
 
-def _user_errors(*more):
-  """The user's errors (and `more`): their message alone, no traceback."""
+def _run_reporting_user_errors(fn, *, interrupted: str, more=()):
+  """fn(); a user error (or `more`) or an unhandled Ctrl-C ends in one line."""
   from contrastive_jax import errors  # pylint: disable=g-import-not-at-top
   from contrastive_jax import storage  # pylint: disable=g-import-not-at-top
   from input_pipeline import datasets  # pylint: disable=g-import-not-at-top
-  return (errors.ConfigError, storage.StorageError,
-          datasets.DatasetUnavailableError) + more
-
-
-def _run_reporting_user_errors(fn, *, interrupted: str, more=()):
-  """fn(); a user error or an unhandled Ctrl-C ends in one line."""
   try:
     return fn()
-  except _user_errors(*more) as e:
+  except (errors.ConfigError, storage.StorageError,
+          datasets.DatasetUnavailableError, *more) as e:
     if FLAGS.verbosity >= 1:
       raise
     text = str(e)
@@ -167,8 +155,10 @@ def _run_reporting_user_errors(fn, *, interrupted: str, more=()):
     sys.exit(130)
 
 
-def _start(progress_mode: str) -> None:
+def _start(args) -> None:
   """Process set-up shared by the entry points, before any jax computation."""
+  if len(args) > 1:
+    raise app.UsageError(f'unexpected arguments: {args[1:]}')
   if FLAGS.verbosity < 1:
     # TensorFlow's C++ start-up lines: TF only reads data here.
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
@@ -186,7 +176,7 @@ def _start(progress_mode: str) -> None:
   runtime.initialize_distributed()
   if FLAGS.verbosity < 1:
     runtime.quiet_library_logs()
-  progress.configure(progress_mode)
+  progress.configure(FLAGS.progress)
   logging.info('JAX process %d/%d, %d local / %d global devices (%s).',
                jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count(),
@@ -212,9 +202,7 @@ def train(argv=None) -> None:
   flags.mark_flags_as_required(['config', 'workdir'])
 
   def main(args):
-    if len(args) > 1:
-      raise app.UsageError(f'unexpected arguments: {args[1:]}')
-    _start(FLAGS.progress)
+    _start(args)
     from absl import logging  # pylint: disable=g-import-not-at-top
     from contrastive_jax import train as train_lib  # pylint: disable=g-import-not-at-top
     workdir = FLAGS.workdir
@@ -247,13 +235,12 @@ def evaluate(argv=None) -> None:
   flags.DEFINE_string('outdir', None, 'Output directory (default '
                       'workdir/eval).')
   flags.DEFINE_integer('step', None, 'Checkpoint step (default: newest).')
-  flags.DEFINE_list('knn_ks', ['10', '20', '200'], 'Extra kNN neighbour '
-                    'counts.')
+  flags.DEFINE_list('knn_ks', ['10', '20', '200'],
+                    'Extra kNN neighbour counts.')
   flags.DEFINE_string('linear_eval', None, "Also run the papers' linear "
                       'evaluation with this preset (evaluators/linear_eval.py '
                       'PRESETS).')
-  flags.DEFINE_integer('linear_eval_epochs', 0, "Override the preset's "
-                       'epochs.')
+  flags.DEFINE_integer('linear_eval_epochs', 0, "Override the preset's epochs.")
   flags.DEFINE_bool('diagnostics', True, 'Run the diagnostics evaluator.')
   flags.DEFINE_float('cacr_t_neg', 2., "t^- of CACR's conditional entropy.")
   flags.DEFINE_integer('seed', 0, 'Seed of the diagnostic views.')
@@ -261,9 +248,7 @@ def evaluate(argv=None) -> None:
   flags.mark_flags_as_required(['workdir'])
 
   def main(args):
-    if len(args) > 1:
-      raise app.UsageError(f'unexpected arguments: {args[1:]}')
-    _start(FLAGS.progress)
+    _start(args)
     from contrastive_jax import eval_checkpoint  # pylint: disable=g-import-not-at-top
     results = _run_reporting_user_errors(
         lambda: eval_checkpoint.evaluate_checkpoint(
@@ -274,8 +259,7 @@ def evaluate(argv=None) -> None:
             diagnostics=FLAGS.diagnostics, cacr_t_neg=FLAGS.cacr_t_neg,
             seed=FLAGS.seed),
         interrupted='results.json was not written.',
-        # Before any evaluation: a workdir, checkpoint or step that is not
-        # there.
+        # A workdir, checkpoint or step that is not there.
         more=(FileNotFoundError,))
     width = max(len(k) for k in results)
     for k in sorted(results):

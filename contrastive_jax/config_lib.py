@@ -31,7 +31,7 @@ _FREE = ('loss_kwargs', 'loss_schedules', 'evals', 'encoder_kwargs')
 
 
 def _tuples(x):
-  # JSON lists -> tuples, as modules take them.
+  """JSON lists -> tuples, as modules take them."""
   if isinstance(x, dict):
     return {k: _tuples(v) for k, v in x.items()}
   if isinstance(x, list):
@@ -41,8 +41,9 @@ def _tuples(x):
 
 # Renamed options an older config.json may hold -> their names.
 RENAMED = {
-    'eval.knn_ks': 'evals.knn.ks', 'eval.knn_temperature':
-    'evals.knn.temperature', 'eval.linear_l2': 'evals.linear.l2',
+    'eval.knn_ks': 'evals.knn.ks',
+    'eval.knn_temperature': 'evals.knn.temperature',
+    'eval.linear_l2': 'evals.linear.l2',
     'eval.linear_max_iter': 'evals.linear.max_iter',
     'eval.linear_eval': 'evals.linear_eval.preset',
     'eval.linear_eval_epochs': 'evals.linear_eval.epochs',
@@ -54,7 +55,8 @@ RENAMED = {
     'online.linear_probe': 'online.classifier'}
 # Removed options an older config.json may hold -> the one value the code
 # keeps; a config.json that set another cannot be reproduced.
-REMOVED = {'dataset.imbalance_levels': 0, 'online.classifier_learning_rate': 1e-3,
+REMOVED = {'dataset.imbalance_levels': 0,
+           'online.classifier_learning_rate': 1e-3,
            'online.probe_learning_rate': 1e-3}
 
 
@@ -109,11 +111,8 @@ def load(workdir: str) -> ml_collections.ConfigDict:
 
 
 def validate(config, num_devices: int | None = None) -> None:
-  """Checks everything checkable before data or compilation, at once.
-
-  `num_devices` defaults to every device of the job. Raises
-  `errors.ConfigError` listing every problem.
-  """
+  """Checks all that is checkable before data or compilation: a ConfigError
+  lists every problem (`num_devices`: default, every device of the job)."""
   problems = errors.Problems()
   n = jax.device_count() if num_devices is None else num_devices
   b = config.batch_size
@@ -198,11 +197,10 @@ def validate(config, num_devices: int | None = None) -> None:
   problems.raise_any()
 
 
-def validate_data(config, *, num_train: int,
-                  num_devices: int | None = None) -> None:
+def validate_data(config, *, num_train: int) -> None:
   """The checks that need the training split's size `num_train`, at once."""
   problems = errors.Problems()
-  n = jax.device_count() if num_devices is None else num_devices
+  n = jax.device_count()
   with problems.check():
     if config.batch_size > num_train:
       fix = (f'set --config.batch_size={num_train // n * n} or lower (a '

@@ -21,43 +21,35 @@ from input_pipeline import splits
 
 
 def load(config, classes=None):
-  """(train, eval) sources of `config.dataset`.
-
-  The eval source is `config.dataset.eval_split`, or the validation holdout
-  when `config.eval.split == 'validation'`. `classes`, a run's stored class
-  list, fixes an image folder's ids. The data's own errors (a missing split,
-  too many bad files) raise `errors.ConfigError`.
-  """
+  """(train, eval) sources of `config.dataset`; eval is the validation
+  holdout when `config.eval.split == 'validation'`. `classes`, a run's stored
+  list, fixes an image folder's ids. Data errors raise a ConfigError."""
+  ds = config.dataset
+  train_name = f'training split {ds.train_split!r}'
+  eval_name = (f'evaluation split {ds.eval_split!r}'
+               if config.eval.split == 'test' else 'validation holdout')
   try:
-    return _load(config, classes)
+    if ds.name == 'image_folder' and classes is None and ds.data_dir:
+      classes = sources.folder_classes(ds.data_dir)   # One list, both splits.
+    opened = {train_name: sources.open_split(ds, ds.train_split, classes)}
+    if config.eval.split == 'test':
+      opened[eval_name] = sources.open_split(ds, ds.eval_split, classes)
+    for what, source in opened.items():
+      check_same_on_every_process(what, fingerprint(source))
+      if ds.verify and not ds.in_memory:
+        logging.info('Decoding every record of the %s '
+                     '(config.dataset.verify).', what)
+        scan(source)
+    count_skipped(config, opened)
+    train, validation = splits.prepare_train(opened[train_name], ds)
+    evaluation = opened.get(eval_name, validation)
+    for message in class_warnings(train, evaluation, train_name=train_name,
+                                  eval_name=eval_name):
+      logging.warning('Classes: %s', message)
   except errors.ConfigError:
     raise
   except (ValueError, FileNotFoundError) as e:
     raise errors.ConfigError([str(e)]) from e
-
-
-def _load(config, classes):
-  ds = config.dataset
-  if ds.name == 'image_folder' and classes is None and ds.data_dir:
-    classes = sources.folder_classes(ds.data_dir)   # One list, both splits.
-  train_name = f'training split {ds.train_split!r}'
-  eval_name = (f'evaluation split {ds.eval_split!r}'
-               if config.eval.split == 'test' else 'validation holdout')
-  opened = {train_name: sources.open_split(ds, ds.train_split, classes)}
-  if config.eval.split == 'test':
-    opened[eval_name] = sources.open_split(ds, ds.eval_split, classes)
-  for what, source in opened.items():
-    check_same_on_every_process(what, fingerprint(source))
-    if ds.verify and not ds.in_memory:
-      logging.info('Decoding every record of the %s (config.dataset.verify).',
-                   what)
-      scan(source)
-  count_skipped(config, opened)
-  train, validation = splits.prepare_train(opened[train_name], ds)
-  evaluation = opened.get(eval_name, validation)
-  for message in class_warnings(train, evaluation, train_name=train_name,
-                                eval_name=eval_name):
-    logging.warning('Classes: %s', message)
   return train, evaluation
 
 

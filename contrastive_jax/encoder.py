@@ -69,10 +69,6 @@ def _range_problem(lo: float, hi: float, integer: bool) -> str | None:
   return None
 
 
-def _as(x, dtype):
-  return x if x.dtype == dtype else x.astype(dtype)
-
-
 def check_images(images, image_shape) -> tuple[Any, bool]:
   """(x [B, H, W, C] uint8 or float32, single) from `images`, or ValueError.
 
@@ -129,16 +125,14 @@ def check_images(images, image_shape) -> tuple[Any, bool]:
     lo, hi = (float(v) for v in jax.device_get((xp.min(x), xp.max(x))))
     if problem := _range_problem(lo, hi, integer):
       raise ValueError(problem)
-  return _as(x, xp.uint8) if integer else _as(x, xp.float32), single
+  return x.astype(xp.uint8 if integer else xp.float32), single
 
 
 @dataclasses.dataclass(frozen=True)
 class Encoder:
-  """A run's frozen encoder: `encoder(images)` -> backbone features.
-
-  Attributes: the run's `config`, the checkpoint's `step`, an image folder's
-  `classes` (else None) and the (H, W, C) `image_shape` it takes.
-  """
+  """A run's frozen encoder: `encoder(images)` -> backbone features; with
+  the run's `config`, the checkpoint's `step`, an image folder's `classes`
+  (else None) and the (H, W, C) `image_shape` it takes."""
   config: ml_collections.ConfigDict
   step: int
   classes: tuple[str, ...] | None
@@ -180,8 +174,7 @@ def load_encoder(workdir: str, *, step: int | None = None,
   classes = workdir_lib.load_classes(workdir)
   image_shape = image_shape or workdir_lib.load_image_shape(workdir)
   if image_shape is None:
-    train, _ = data_lib.load(config, classes)
-    image_shape = train.image_shape
+    image_shape = data_lib.load(config, classes)[0].image_shape
   image_shape = tuple(int(d) for d in image_shape)
   model = step_lib.create_model(config)
   variables, restored = checkpointing.restore_variables(

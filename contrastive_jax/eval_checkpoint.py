@@ -2,11 +2,10 @@
 
   contrastive-jax-eval --workdir=workdir/default [--linear_eval=cifar]
 
-Restores only `params` and `batch_stats` of the newest readable checkpoint
-(written on any number of devices) and runs the run's final evaluators, the
-diagnostics and optionally the papers' linear evaluation on the frozen
-encoder; writes `<outdir>/results.json` (default `<workdir>/eval`) with the
-results.json keys ('trained/<metric>') and the diagnostics' PNGs.
+Restores `params` and `batch_stats` of the newest readable checkpoint (of
+any device count), runs the run's final evaluators, the diagnostics and
+optionally a linear evaluation, and writes `<outdir>/results.json` (default
+`<workdir>/eval`; keys 'trained/<metric>') and the diagnostics' PNGs.
 """
 
 from __future__ import annotations
@@ -37,21 +36,18 @@ def results_path(workdir: str, outdir: str | None = None) -> str:
 
 
 def evaluate_checkpoint(workdir: str, outdir: str | None = None, *,
-                        data=None,
-                        step: int | None = None,
+                        data=None, step: int | None = None,
                         knn_ks: Sequence[int] = (10, 20, 200),
                         linear_eval: str | None = None,
-                        linear_eval_epochs: int = 0,
-                        diagnostics: bool = True,
+                        linear_eval_epochs: int = 0, diagnostics: bool = True,
                         cacr_t_neg: float = 2.,
                         seed: int = 0) -> dict[str, Any]:
   """Evaluates a run's checkpoint; writes and returns its results.
 
   `data`: (train, test) sources instead of the config's dataset; `knn_ks`:
   neighbour counts added to the final kNN's (those above the training size
-  dropped); `linear_eval`: a `linear_eval.PRESETS` name to run (else none),
-  `linear_eval_epochs` overriding its epochs; `cacr_t_neg` and `seed`: the
-  diagnostics' t^- and augmentation seed.
+  dropped); `linear_eval`: a `linear_eval.PRESETS` name (its epochs
+  `linear_eval_epochs` if > 0); `cacr_t_neg`, `seed`: the diagnostics'.
   """
   t0 = time.time()
   storage.check(workdir, what='--workdir', write=False)

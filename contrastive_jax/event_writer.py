@@ -35,46 +35,37 @@ class EventWriter:
     self._dir = None if logdir is None else storage.path(logdir)
     self._remote = logdir is not None and storage.is_remote(logdir)
 
-  def _open(self) -> None:
-    self._dir.mkdir(parents=True, exist_ok=True)
-    # TensorBoard's naming plus pid and a fixed-width count: unique names,
-    # read in the order they were opened.
-    name = (f'events.out.tfevents.{int(time.time())}.{socket.gethostname()}.'
-            f'{os.getpid()}.{next(_FILE_COUNT):04d}')
-    self._file = (self._dir / name).open('wb')
-    self._records = record_writer.RecordWriter(self._file)
-    self._write(event_pb2.Event(file_version='brain.Event:2'))
-
   def _write(self, event: event_pb2.Event) -> None:
+    if self._dir is None:
+      return
+    if self._file is None:
+      self._dir.mkdir(parents=True, exist_ok=True)
+      # TensorBoard's naming plus pid and a fixed-width count: unique names,
+      # read in the order they were opened.
+      name = (f'events.out.tfevents.{int(time.time())}.'
+              f'{socket.gethostname()}.{os.getpid()}.{next(_FILE_COUNT):04d}')
+      self._file = (self._dir / name).open('wb')
+      self._records = record_writer.RecordWriter(self._file)
+      self._write(event_pb2.Event(file_version='brain.Event:2'))
     event.wall_time = time.time()
     self._records.write(event.SerializeToString())
 
   def restart(self, step: int) -> None:
     """Marks a (re)start: TensorBoard drops earlier events at steps >= it."""
-    if self._dir is None:
-      return
-    if self._file is None:
-      self._open()
     self._write(event_pb2.Event(
         step=int(step),
         session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
 
   def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
     """One event at `step` holding each scalar as a `simple_value`."""
-    if self._dir is None:
-      return
-    if self._file is None:
-      self._open()
     self._write(event_pb2.Event(step=int(step), summary=summary_pb2.Summary(
         value=[summary_pb2.Summary.Value(tag=tag, simple_value=float(value))
                for tag, value in scalars.items()])))
 
   def flush(self) -> None:
-    if self._file is None:
-      return
     if self._remote:
       self.close()
-    else:
+    elif self._file is not None:
       self._file.flush()
 
   def close(self) -> None:

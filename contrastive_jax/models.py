@@ -22,20 +22,11 @@ from contrastive_jax.losses.common import l2_normalize
 
 
 def max_pool_2x2(x):
-  """2x2/2 max-pool as reshape + max: [B, H, W, C] -> [B, H/2, W/2, C].
-
-  nn.max_pool's values (odd borders dropped); its gradient avoids XLA's slow
-  select-and-scatter on CPU (benchmarks/train_step.py --profile).
-  """
+  """2x2/2 max-pool, [B, H, W, C] -> [B, H/2, W/2, C]: nn.max_pool's values as
+  reshape + max, whose gradient avoids XLA:CPU's slow select-and-scatter."""
   b, h, w, c = x.shape
   x = x[:, :h // 2 * 2, :w // 2 * 2]
   return jnp.max(x.reshape(b, h // 2, 2, w // 2, 2, c), axis=(2, 4))
-
-
-def _pool_3x3_s2(x, padding: int):
-  return lax.reduce_window(
-      x, jnp.array(-jnp.inf, x.dtype), lax.max, (1, 3, 3, 1), (1, 2, 2, 1),
-      ((0, 0), (padding, padding), (padding, padding), (0, 0)))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
@@ -43,10 +34,11 @@ def max_pool_3x3_s2(x, padding: int):
   """3x3/2 max-pool with `padding` (0 or 1) per side, nn.max_pool's values.
 
   The gradient goes to each window's first maximum in row-major order, as
-  select-and-scatter sends it, but is built from masks and pads, no scatter
-  (docs/performance.md).
+  select-and-scatter's does, built from masks and pads (docs/performance.md).
   """
-  return _pool_3x3_s2(x, padding)
+  return lax.reduce_window(
+      x, jnp.array(-jnp.inf, x.dtype), lax.max, (1, 3, 3, 1), (1, 2, 2, 1),
+      ((0, 0), (padding, padding), (padding, padding), (0, 0)))
 
 
 def _max_pool_bwd(padding, saved, g):
@@ -73,41 +65,32 @@ def _max_pool_bwd(padding, saved, g):
 
 
 max_pool_3x3_s2.defvjp(
-    lambda x, padding: (y := _pool_3x3_s2(x, padding), (x, y)), _max_pool_bwd)
+    lambda x, padding: (y := max_pool_3x3_s2(x, padding), (x, y)),
+    _max_pool_bwd)
 
 
-def _im2col(x, kernel_size, pads):
-  """[B, H, W, C] -> stride-1 conv patches [B, H', W', kh kw C] (HWIO order)."""
-  kh, kw = kernel_size
-  x = jnp.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
-  h, w = x.shape[1] - kh + 1, x.shape[2] - kw + 1
-  return jnp.concatenate([x[:, i:i + h, j:j + w] for i in range(kh)
-                          for j in range(kw)], axis=-1)
-
-
-def _xla_conv(x, kernel, pads, precision):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _conv_cpu(x, kernel, pads, precision):
+  """A stride-1 NHWC/HWIO conv: XLA's forward; backward dkernel = patches^T g
+  and dx = im2col^T (g kernel^T), matmuls faster on XLA:CPU than autodiff's
+  transposed convolutions (the same sums reordered). Reverse mode only."""
   return lax.conv_general_dilated(x, kernel, (1, 1), pads,
                                   dimension_numbers=('NHWC', 'HWIO', 'NHWC'),
                                   precision=precision)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _conv_cpu(x, kernel, pads, precision):
-  """A stride-1 NHWC/HWIO conv: XLA's forward, im2col matmuls backward.
-
-  On XLA:CPU the transposed convolutions of autodiff are slower than
-  dkernel = patches^T g and dx = im2col^T (g kernel^T): the same sums in
-  another order. Reverse mode only.
-  """
-  return _xla_conv(x, kernel, pads, precision)
-
-
 def _conv_cpu_bwd(pads, precision, residuals, g):
   x, kernel = residuals
   kh, kw, cin, cout = kernel.shape
+
+  def im2col(x):    # [B, H, W, C] -> patches [B, H', W', kh kw C], HWIO order.
+    x = jnp.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
+    h, w = x.shape[1] - kh + 1, x.shape[2] - kw + 1
+    return jnp.concatenate([x[:, i:i + h, j:j + w] for i in range(kh)
+                            for j in range(kw)], axis=-1)
+
   # im2col is linear in x: its vjp is the transpose (scatter-add of patches).
-  patches, im2col_transpose = jax.vjp(
-      lambda x: _im2col(x, (kh, kw), pads), x)
+  patches, im2col_transpose = jax.vjp(im2col, x)
   rows = patches.reshape(-1, kh * kw * cin)
   g = g.reshape(-1, cout)
   kernel = kernel.reshape(kh * kw * cin, cout)
@@ -118,22 +101,18 @@ def _conv_cpu_bwd(pads, precision, residuals, g):
 
 
 _conv_cpu.defvjp(lambda x, kernel, pads, precision: (
-    _xla_conv(x, kernel, pads, precision), (x, kernel)), _conv_cpu_bwd)
+    _conv_cpu(x, kernel, pads, precision), (x, kernel)), _conv_cpu_bwd)
 
 
 def cpu_conv(lhs, rhs, window_strides, padding, lhs_dilation=None,
              rhs_dilation=None, dimension_numbers=None, feature_group_count=1,
              precision=None):
-  """`lax.conv_general_dilated` for `nn.Conv`, with a faster CPU gradient.
-
-  On CPU a 2-D, stride-1, undilated, ungrouped NHWC/HWIO conv runs as
-  `_conv_cpu`; other backends and convs are unchanged.
-  """
+  """`lax.conv_general_dilated` for `nn.Conv`: on CPU a 2-D, stride-1,
+  undilated, ungrouped NHWC/HWIO conv runs as `_conv_cpu`, all else as is."""
   ones = (1,) * (lhs.ndim - 2)
   if (jax.default_backend() != 'cpu' or lhs.ndim != 4
-      or tuple(window_strides) != ones or feature_group_count != 1
-      or tuple(lhs_dilation or ones) != ones
-      or tuple(rhs_dilation or ones) != ones
+      or feature_group_count != 1 or any(tuple(v or ones) != ones for v in (
+          window_strides, lhs_dilation, rhs_dilation))
       or dimension_numbers != lax.conv_dimension_numbers(
           lhs.shape, rhs.shape, ('NHWC', 'HWIO', 'NHWC'))):
     return lax.conv_general_dilated(
@@ -154,10 +133,9 @@ def bn_splits_of(model) -> int:
   return int(getattr(model, 'bn_splits', 0) or 0)
 
 
-# `config.model.head_init`: name -> fan_in -> (kernel init, bias init) of the
-# head's and predictor's Dense layers. lecun_normal: Flax's default;
-# torch_default: torch.nn.Linear's U(+-1/sqrt(fan_in)) for both; normal_0.01:
-# SimCLR's and SupCon's TF heads; glorot_uniform: tf.layers.dense's default.
+# `config.model.head_init`: name -> fan_in -> (kernel, bias) inits of the
+# head's and predictor's Dense layers: Flax's default; torch.nn.Linear's
+# U(+-1/sqrt(fan_in)); SimCLR's and SupCon's TF heads; tf.layers.dense's.
 HEAD_INITS: dict[str, Callable[[int], tuple[Callable, Callable]]] = {
     'lecun_normal': lambda fan_in: (nn.initializers.lecun_normal(),
                                     nn.initializers.zeros),
@@ -172,18 +150,22 @@ HEAD_INITS: dict[str, Callable[[int], tuple[Callable, Callable]]] = {
 }
 
 
+def _lookup(table: dict[str, Any], name: str, field: str, why: str = ''):
+  """table[name], else a ValueError naming `field` and the known names."""
+  if name not in table:
+    raise ValueError(f'{field}={name!r}; known: {", ".join(table)}{why}.')
+  return table[name]
+
+
 def head_dense_inits(name: str, fan_in: int) -> tuple[Callable, Callable]:
-  if name not in HEAD_INITS:
-    raise ValueError(f'config.model.head_init={name!r}; known: '
-                     f'{", ".join(HEAD_INITS)} (the projection head\'s and '
-                     "predictor's Dense initialisation).")
-  return HEAD_INITS[name](fan_in)
+  return _lookup(HEAD_INITS, name, 'config.model.head_init',
+                 " (the projection head's and predictor's Dense "
+                 'initialisation)')(fan_in)
 
 
-# The ResNets' conv kernel inits (`encoder_kwargs.conv_init`):
-# kaiming_normal_fan_out is torchvision's resnet.py, torch_default
-# torch.nn.Conv2d's own (U(+-1/sqrt(fan_in))), lecun_normal TF1's
-# variance_scaling_initializer() (SimCLR's and SupCon's resnets).
+# The ResNets' conv inits (`encoder_kwargs.conv_init`): torchvision's
+# resnet.py; torch.nn.Conv2d's own; TF1's variance_scaling_initializer()
+# (SimCLR's and SupCon's resnets).
 CONV_INITS: dict[str, Callable[..., Any]] = {
     'kaiming_normal_fan_out': nn.initializers.variance_scaling(
         2.0, 'fan_out', 'normal'),
@@ -202,10 +184,8 @@ def conv_kernel_init(name: str):
 
 class SmallCNN(nn.Module):
   """A CPU-sized CNN: per width [3x3 conv, BN, ReLU], 2x2 pools between.
-
-  `pool='avg'` returns the global average [B, widths[-1]]; `pool='none'` the
-  last map (28x28 input: [B, 3, 3, widths[-1]]).
-  """
+  `pool='avg'`: the global average [B, widths[-1]]; 'none': the last map
+  (28x28 input: [B, 3, 3, widths[-1]])."""
   widths: Sequence[int] = (32, 64, 128, 256)
   pool: str = 'avg'
   dtype: Any = jnp.float32
@@ -232,7 +212,8 @@ class SmallCNN(nn.Module):
 
 
 class _Block(nn.Module):
-  """A ResNet block's fields and its last BN (+ shortcut, ReLU)."""
+  """A ResNet block: per (kernel size, strided) of `convs` a conv and BN, the
+  last BN's output plus the shortcut, each followed by a ReLU."""
   filters: int
   strides: int = 1
   dtype: Any = jnp.float32
@@ -241,52 +222,40 @@ class _Block(nn.Module):
   fused_bn: bool = True
   conv_init: str = 'kaiming_normal_fan_out'
 
-  def _layers(self, train: bool):
+  @nn.compact
+  def __call__(self, x, *, train: bool):
     conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype,
                              kernel_init=conv_kernel_init(self.conv_init))
-    return conv, batch_norm(train=train, dtype=self.dtype,
-                            bn_splits=self.bn_splits, fused=self.fused_bn)
-
-  def _add(self, conv, norm, x, y, out: int, name: str):
+    norm = batch_norm(train=train, dtype=self.dtype, bn_splits=self.bn_splits,
+                      fused=self.fused_bn)
+    out, last = self.filters * self.expansion, len(self.convs)
+    y = x
+    for i, (size, strided) in enumerate(self.convs, 1):
+      s, p = (self.strides if strided else 1), size // 2
+      y = conv(out if i == last else self.filters, (size, size), (s, s),
+               padding=((p, p), (p, p)), name=f'conv{i}')(y)
+      if i < last:
+        y = norm(name=f'bn{i}')(y, relu=True)
     if x.shape[-1] != out or self.strides != 1:
       x = conv(out, (1, 1), (self.strides, self.strides),
                name='downsample_conv')(x)
       x = norm(name='downsample_bn')(x)
     # Zero gamma makes each block start as the identity (Goyal et al. 2017).
-    return norm(name=name, scale_init=(nn.initializers.zeros
-                                       if self.zero_init_residual
-                                       else nn.initializers.ones))(
-                                           y, residual=x, relu=True)
+    init = (nn.initializers.zeros if self.zero_init_residual
+            else nn.initializers.ones)
+    return norm(name=f'bn{last}', scale_init=init)(y, residual=x, relu=True)
 
 
 class BasicBlock(_Block):
   """Two 3x3 convs (ResNet-18/34). Output width `filters`."""
   expansion = 1
-
-  @nn.compact
-  def __call__(self, x, *, train: bool):
-    conv, norm = self._layers(train)
-    y = conv(self.filters, (3, 3), (self.strides, self.strides),
-             padding=((1, 1), (1, 1)), name='conv1')(x)
-    y = norm(name='bn1')(y, relu=True)
-    y = conv(self.filters, (3, 3), padding=((1, 1), (1, 1)), name='conv2')(y)
-    return self._add(conv, norm, x, y, self.filters, 'bn2')
+  convs = ((3, True), (3, False))
 
 
 class Bottleneck(_Block):
   """1x1 -> 3x3 (strided) -> 1x1 convs (ResNet-50+). Output 4 * `filters`."""
   expansion = 4
-
-  @nn.compact
-  def __call__(self, x, *, train: bool):
-    conv, norm = self._layers(train)
-    y = norm(name='bn1')(conv(self.filters, (1, 1), name='conv1')(x),
-                         relu=True)
-    y = conv(self.filters, (3, 3), (self.strides, self.strides),
-             padding=((1, 1), (1, 1)), name='conv2')(y)
-    y = norm(name='bn2')(y, relu=True)
-    y = conv(self.filters * 4, (1, 1), name='conv3')(y)
-    return self._add(conv, norm, x, y, self.filters * 4, 'bn3')
+  convs = ((1, False), (3, True), (1, False))
 
 
 # The ResNet stems: (kernel size, stride, standard padding) of the conv;
@@ -297,18 +266,11 @@ STEMS = {'imagenet': (7, 2, 3), 'cifar': (3, 1, 1)}
 class ResNet(nn.Module):
   """ResNet backbone without the classifier: [B, H, W, C] -> [B, F] float32.
 
-  Layers mirror torchvision (v1.5); F = 8 * width * block.expansion. Compute
-  runs in `dtype`, parameters stay float32.
-
-  Attributes:
-    stage_sizes: blocks per stage, e.g. (2, 2, 2, 2) for ResNet-18.
-    block_cls: BasicBlock or Bottleneck.
-    width: filters of the stem and the first stage (64 in the papers).
-    stem: 'imagenet' (7x7/2 conv + 3x3/2 max-pool) or 'cifar' (3x3/1 conv).
-    zero_init_residual: zero the last BN scale of every block.
-    conv_init: every conv's init, a CONV_INITS name.
-    stem_conv_init: the stem conv's init where it differs ('' = conv_init).
-    stem_padding: the stem conv's padding per side; 0 = the stem's standard.
+  torchvision's (v1.5) layers; F = 8 * width * block_cls.expansion; compute in
+  `dtype`, parameters float32. `stem`: 'imagenet' (7x7/2 conv + 3x3/2
+  max-pool) or 'cifar' (3x3/1 conv). `conv_init`: a CONV_INITS name;
+  `stem_conv_init` ('' = conv_init) and `stem_padding` per side (0 = the
+  stem's standard) override the stem conv's.
   """
   stage_sizes: Sequence[int]
   block_cls: Any
@@ -344,12 +306,11 @@ class ResNet(nn.Module):
     for i, num_blocks in enumerate(self.stage_sizes):
       for j in range(num_blocks):
         x = self.block_cls(
-            filters=self.width * 2**i,
-            strides=2 if i > 0 and j == 0 else 1, dtype=self.dtype,
-            zero_init_residual=self.zero_init_residual,
+            filters=self.width * 2**i, strides=2 if i > 0 and j == 0 else 1,
+            dtype=self.dtype, zero_init_residual=self.zero_init_residual,
             bn_splits=self.bn_splits, fused_bn=self.fused_bn,
-            conv_init=self.conv_init,
-            name=f'stage{i + 1}_block{j}')(x, train=train)
+            conv_init=self.conv_init, name=f'stage{i + 1}_block{j}')(
+                x, train=train)
     return jnp.mean(x, axis=(1, 2)).astype(jnp.float32)
 
 
@@ -406,8 +367,8 @@ class ProjectionHead(nn.Module):
   """SimCLR's MLP head: (num_layers - 1) x [Dense, BN, ReLU], then Dense.
 
   `batch_norm=False`: MoCo v2's [Dense with bias, ReLU] hidden layers.
-  `final_bn`: a BatchNorm after a bias-free last Dense (SimCLR: no center;
-  MoCo v3: neither scale nor center). `dense_init`: a HEAD_INITS name.
+  `final_bn`: a BN after a bias-free last Dense (SimCLR: no center; MoCo v3:
+  neither scale nor center). `dense_init`: a HEAD_INITS name.
   """
   hidden_dim: int = 512
   out_dim: int = 128
@@ -419,28 +380,22 @@ class ProjectionHead(nn.Module):
   dense_init: str = 'lecun_normal'
   dtype: Any = jnp.float32
 
-  def _dense(self, features: int, x, use_bias: bool, name: str):
-    kernel_init, bias_init = head_dense_inits(self.dense_init, x.shape[-1])
-    return nn.Dense(features, use_bias=use_bias, dtype=self.dtype,
-                    kernel_init=kernel_init, bias_init=bias_init,
-                    name=name)(x)
-
   @nn.compact
-  def __call__(self, h, *, train: bool):
-    x = h
-    for i in range(self.num_layers - 1):
-      x = self._dense(self.hidden_dim, x, not self.batch_norm, f'dense{i}')
-      if self.batch_norm:
-        x = nn.BatchNorm(use_running_average=not train, momentum=BN_MOMENTUM,
-                         dtype=self.dtype, name=f'bn{i}')(x)
-      x = nn.relu(x)
+  def __call__(self, x, *, train: bool):
     last = self.num_layers - 1
-    x = self._dense(self.out_dim, x, not self.final_bn, f'dense{last}')
-    if self.final_bn:
-      x = nn.BatchNorm(use_running_average=not train, momentum=BN_MOMENTUM,
-                       use_scale=self.final_bn_scale,
-                       use_bias=self.final_bn_center, dtype=self.dtype,
-                       name=f'bn{last}')(x)
+    for i in range(self.num_layers):
+      bn = self.batch_norm if i < last else self.final_bn
+      kernel_init, bias_init = head_dense_inits(self.dense_init, x.shape[-1])
+      x = nn.Dense(self.hidden_dim if i < last else self.out_dim,
+                   use_bias=not bn, dtype=self.dtype, kernel_init=kernel_init,
+                   bias_init=bias_init, name=f'dense{i}')(x)
+      if bn:
+        x = nn.BatchNorm(use_running_average=not train, momentum=BN_MOMENTUM,
+                         use_scale=i < last or self.final_bn_scale,
+                         use_bias=i < last or self.final_bn_center,
+                         dtype=self.dtype, name=f'bn{i}')(x)
+      if i < last:
+        x = nn.relu(x)
     return x
 
 
@@ -484,11 +439,8 @@ class ContrastiveModel(nn.Module):
 
 
 class WithPredictor(nn.Module):
-  """A model plus a predictor MLP on its projection (BYOL; MoCo v3).
-
-  Adds `prediction` [B, out_dim] float32: [Dense, BN, ReLU, Dense] of
-  `projection`.
-  """
+  """A model plus a predictor MLP on its projection (BYOL; MoCo v3): adds
+  `prediction` [B, out_dim] float32, [Dense, BN, ReLU, Dense] of it."""
   base: nn.Module
   hidden_dim: int
   out_dim: int
@@ -498,17 +450,16 @@ class WithPredictor(nn.Module):
   @nn.compact
   def __call__(self, x, *, train: bool) -> dict[str, Any]:
     out = self.base(x, train=train)
-    predictor = ProjectionHead(hidden_dim=self.hidden_dim,
-                               out_dim=self.out_dim, num_layers=2,
-                               dense_init=self.dense_init, dtype=self.dtype,
-                               name='predictor')
-    prediction = predictor(out['projection'], train=train)
+    prediction = ProjectionHead(
+        hidden_dim=self.hidden_dim, out_dim=self.out_dim, num_layers=2,
+        dense_init=self.dense_init, dtype=self.dtype,
+        name='predictor')(out['projection'], train=train)
     return {**out, 'prediction': prediction.astype(jnp.float32)}
 
 
 # `config.model.dtype`: the compute dtype; parameters stay float32.
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
-HEAD_INPUTS = ('pooled', 'features')
+HEAD_INPUTS = dict.fromkeys(('pooled', 'features'))
 # `config.model.input_norm`: name -> per-channel (mean, std) applied to the
 # [0, 1] images, or None. Sources: docs/recipe_audit.md.
 INPUT_NORMS: dict[str, tuple[tuple[float, ...], tuple[float, ...]] | None] = {
@@ -524,22 +475,8 @@ INPUT_NORMS: dict[str, tuple[tuple[float, ...], tuple[float, ...]] | None] = {
 
 
 def compute_dtype(config):
-  name = config.model.dtype
-  if name not in DTYPES:
-    raise ValueError(f'config.model.dtype={name!r}; known: '
-                     f'{", ".join(DTYPES)} (bfloat16: mixed precision, '
-                     'float32 parameters).')
-  return DTYPES[name]
-
-
-def input_norm(config):
-  name = config.model.input_norm
-  if name not in INPUT_NORMS:
-    raise ValueError(f'config.model.input_norm={name!r}; known: '
-                     f'{", ".join(INPUT_NORMS)} (the per-channel mean / std '
-                     'the model subtracts / divides by first; models.py '
-                     'INPUT_NORMS).')
-  return INPUT_NORMS[name]
+  return _lookup(DTYPES, config.model.dtype, 'config.model.dtype',
+                 ' (bfloat16: mixed precision, float32 parameters)')
 
 
 def validate(config) -> None:
@@ -565,22 +502,17 @@ def validate(config) -> None:
 def create_model(config) -> ContrastiveModel:
   """The ContrastiveModel `config.model` describes."""
   validate(config)
-  head_input = config.model.head_input
-  if head_input not in HEAD_INPUTS:
-    raise ValueError(f'config.model.head_input={head_input!r}; known: '
-                     f'{", ".join(HEAD_INPUTS)} (what the projection head '
-                     "reads from a spatial map: its global average, or the "
-                     'flattened map that evaluation reads).')
-  dtype = compute_dtype(config)
-  head_dense_inits(config.model.head_init, 1)   # An unknown name fails here.
-  norm = input_norm(config)
-  # The BatchNorm fields only where they differ from the encoders' defaults.
-  bn = {k: v for k, v in (('bn_splits', config.model.bn_splits),
-                          ('fused_bn', config.model.fused_bn))
-        if v != {'bn_splits': 0, 'fused_bn': True}[k]}
-  encoder = ENCODERS[config.model.encoder](**config.model.encoder_kwargs,
-                                           dtype=dtype, **bn)
   m = config.model
+  _lookup(HEAD_INPUTS, m.head_input, 'config.model.head_input',
+          ' (what the projection head reads from a spatial map: its global '
+          'average, or the flattened map that evaluation reads)')
+  dtype = compute_dtype(config)
+  head_dense_inits(m.head_init, 1)   # An unknown name fails here.
+  norm = _lookup(INPUT_NORMS, m.input_norm, 'config.model.input_norm',
+                 ' (the per-channel mean / std the model subtracts / divides '
+                 'by first; models.py INPUT_NORMS)')
+  encoder = ENCODERS[m.encoder](**m.encoder_kwargs, dtype=dtype,
+                                bn_splits=m.bn_splits, fused_bn=m.fused_bn)
   head = ProjectionHead(hidden_dim=m.head_hidden_dim, out_dim=m.head_out_dim,
                         num_layers=m.head_layers, batch_norm=m.head_batch_norm,
                         final_bn=m.head_final_bn,
@@ -588,7 +520,7 @@ def create_model(config) -> ContrastiveModel:
                         final_bn_center=m.head_final_bn_center,
                         dense_init=m.head_init, dtype=dtype)
   return ContrastiveModel(
-      encoder=encoder, head=head, head_input=head_input,
+      encoder=encoder, head=head, head_input=m.head_input,
       normalize_head_input=m.normalize_head_input,
       input_mean=None if norm is None else norm[0],
       input_std=None if norm is None else norm[1])

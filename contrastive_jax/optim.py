@@ -103,8 +103,8 @@ def scale_by_clipped_trust_ratio(trust_coefficient: float,
 def decay_mask(params, *, decay_biases_and_bn: bool):
   """The leaves weight decay and LARS apply to: kernels (ndim > 1), or every
   leaf with `decay_biases_and_bn`."""
-  every = bool(decay_biases_and_bn)
-  return jax.tree.map(lambda p: every or p.ndim > 1, params)
+  return jax.tree.map(lambda p: bool(decay_biases_and_bn) or p.ndim > 1,
+                      params)
 
 
 def create_optimizer(config, schedule: optax.Schedule

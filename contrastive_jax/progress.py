@@ -34,22 +34,6 @@ def enabled() -> bool:
   return _mode == 'on' or sys.stderr.isatty()
 
 
-class _NoBar:
-  """tqdm's methods that callers use, doing nothing."""
-
-  def update(self, n: int = 1) -> None:
-    del n
-
-  def set_postfix_str(self, s: str = '', refresh: bool = True) -> None:
-    del s, refresh
-
-  def restart_clock(self) -> None:
-    pass
-
-
-NO_BAR = _NoBar()   # The default of functions that take an optional bar.
-
-
 class _Bar(tqdm.tqdm):
 
   def restart_clock(self) -> None:
@@ -57,6 +41,10 @@ class _Bar(tqdm.tqdm):
     self.initial = self.n
     self.start_t = self.last_print_t = time.time()
     self.refresh()
+
+
+# A bar that does nothing: the default of functions that take an optional one.
+NO_BAR = _Bar(disable=True)
 
 
 class _AboveBar:

@@ -91,9 +91,8 @@ class TrainLog:
     it = iter(batches)
     while True:
       t = time.perf_counter()
-      try:
-        batch = next(it)
-      except StopIteration:
+      batch = next(it, None)
+      if batch is None:
         return
       self.waited += time.perf_counter() - t
       yield batch
@@ -222,6 +221,14 @@ def _curve(ax, history, key, *, single: str = 'o', **kw) -> int:
   return len(points)
 
 
+def _twin(ax, history, key, ylabel: str, color: str, **kw) -> None:
+  """`key` on a twin axis; a lone point is a cross: the first curve's dot
+  shows under it."""
+  twin = ax.twinx()
+  if _curve(twin, history, key, color=color, single='x', **kw):
+    twin.set_ylabel(ylabel, color=color)
+
+
 def _too_few(ax, n: int, what: str) -> None:
   if n > 1:
     return
@@ -231,6 +238,14 @@ def _too_few(ax, n: int, what: str) -> None:
   ax.text(0.5, 0.2, text, transform=ax.transAxes, ha='center', va='center',
           fontsize=9,
           bbox={'facecolor': 'white', 'alpha': 0.8, 'edgecolor': 'none'})
+
+
+def _scored(results) -> tuple[list[str], str | None]:
+  """The representations `results` scores, and its trained kNN metric."""
+  reps = [r for r in ('raw_pixels', 'random_init', 'trained')
+          if any(k.startswith(r + '/') for k in results)]
+  return reps, next((k.split('/', 1)[1] for k in sorted(results)
+                     if k.startswith('trained/knn_weighted_top1')), None)
 
 
 def plot_run(history, results, embeddings, path: str, *, classes=None,
@@ -252,11 +267,8 @@ def plot_run(history, results, embeddings, path: str, *, classes=None,
   ax = axes[0, 0]
   _too_few(ax, _curve(ax, history, 'loss', color='C0'), 'loss')
   ax.set(xlabel='step', ylabel='training loss', title='Loss and learning rate')
-  ax_lr = ax.twinx()
-  # A lone point of the twin axis is a cross: the loss' dot shows under it.
-  if _curve(ax_lr, history, 'learning_rate', color='C1', linestyle='--',
-            single='x'):
-    ax_lr.set_ylabel('learning rate (dashed)', color='C1')
+  _twin(ax, history, 'learning_rate', 'learning rate (dashed)', 'C1',
+        linestyle='--')
 
   ax = axes[0, 1]
   knn_keys = sorted({k for h in history for k in h
@@ -271,28 +283,20 @@ def plot_run(history, results, embeddings, path: str, *, classes=None,
     # Accuracies are fractions: the axis stops at 0 and 1.
     bottom, top = ax.get_ylim()
     ax.set_ylim(max(bottom, 0.), min(top, 1.))
-    _too_few(ax, max(counts), 'online monitors')
-  else:
-    _too_few(ax, 0, 'online monitors')
+  _too_few(ax, max(counts), 'online monitors')
 
   ax = axes[0, 2]
   _too_few(ax, _curve(ax, history, 'alignment', color='C2',
                       label='alignment'), 'alignment and uniformity')
   ax.set(xlabel='step', title='Alignment and uniformity (lower is better)')
   ax.set_ylabel('alignment', color='C2')
-  ax_u = ax.twinx()
-  if _curve(ax_u, history, 'uniformity', color='C3', label='uniformity',
-            single='x'):
-    ax_u.set_ylabel('uniformity', color='C3')
+  _twin(ax, history, 'uniformity', 'uniformity', 'C3', label='uniformity')
 
   ax = axes[1, 0]
-  reps = [r for r in ('raw_pixels', 'random_init', 'trained')
-          if any(k.startswith(r + '/') for k in results)]
-  knn_key = next((k.split('/', 1)[1] for k in sorted(results)
-                  if k.startswith('trained/knn_weighted_top1')), None)
+  reps, knn_key = _scored(results)
+  metrics = ((knn_key, 'kNN'), ('linear_top1', 'linear'))
   bars = []
-  for j, (metric, label) in enumerate([(knn_key, 'kNN'),
-                                       ('linear_top1', 'linear')]):
+  for j, (metric, label) in enumerate(metrics):
     vals = [100 * results.get(f'{r}/{metric}', float('nan')) for r in reps]
     ys = np.arange(len(reps)) + (j - 0.5) * 0.38
     ax.barh(ys, vals, height=0.38, label=label)
@@ -312,9 +316,9 @@ def plot_run(history, results, embeddings, path: str, *, classes=None,
   ax.set(xlim=(lo, hi), xlabel=f'{split} accuracy (%), axis from {lo:.0f}',
          title=('Frozen features: trained vs ' + ' and '.join(baselines)
                 if baselines else 'Frozen features: the trained encoder'))
-  gaps = [f'{label} {100 * (results[f"trained/{m}"] - results[f"random_init/{m}"]):+.1f}'
-          for m, label in ((knn_key, 'kNN'), ('linear_top1', 'linear'))
-          if f'trained/{m}' in results and f'random_init/{m}' in results]
+  pairs = [(label, f'trained/{m}', f'random_init/{m}') for m, label in metrics]
+  gaps = [f'{label} {100 * (results[t] - results[r]):+.1f}'
+          for label, t, r in pairs if t in results and r in results]
   if gaps:
     ax.text(0.02, 0.98, 'trained - random init: ' + ', '.join(gaps),
             transform=ax.transAxes, va='top', fontsize=8,
@@ -341,17 +345,6 @@ def plot_run(history, results, embeddings, path: str, *, classes=None,
 INPUT_BOUND = 0.1
 
 
-def _input_wait_lines(wait: float | None) -> list[str]:
-  if wait is None:
-    return []
-  line = f'input wait {100 * wait:.0f}% of the training time'
-  if wait < INPUT_BOUND:
-    return [line]
-  return [line + ': input-bound, the devices waited for batches (decoding '
-          'in worker processes, config.dataset.num_workers: '
-          'docs/input_pipeline.md)']
-
-
 # The summary table's column widths (name, kNN, linear) and rule width.
 _NAME, _KNN, _LINEAR = 16, 26, 14
 _RULE = 64
@@ -369,33 +362,30 @@ def _pct(x: float) -> str:
 
 def _training_lines(results: dict) -> list[str]:
   """Steps, seconds, images/s and final loss of results.json, in words."""
-  steps = results.get('steps')
   this_run = results.get('steps_this_run')
-  resumed = results.get('resumed_from_step') or 0
-  total_s = results.get('train_seconds')
   if this_run is None:       # Not a training run's results.
     return []
+  steps, total_s = results.get('steps'), results.get('train_seconds')
+  resumed = results.get('resumed_from_step') or 0
+  at = f'resumed at step {resumed} of {steps}'
+  total = '' if total_s is None else f'{steps} steps in {_duration(total_s)}'
   if this_run == 0:
-    line = (f'training: none in this invocation (resumed at step {resumed} '
-            f'of {steps})')
-    if total_s is not None:
-      line += (f'; earlier invocations: {steps} steps in '
-               f'{_duration(total_s)}')
+    line = f'training: none in this invocation ({at})'
+    if total:
+      line += f'; earlier invocations: {total}'
   else:
     line = (f'training: {this_run} steps in '
             f'{_duration(results["train_seconds_this_run"])}')
     if resumed:
-      line += f' in this invocation (resumed at step {resumed} of {steps})'
-      if total_s is not None:
-        line += f'; all invocations: {steps} steps in {_duration(total_s)}'
+      line += f' in this invocation ({at})'
+      if total:
+        line += f'; all invocations: {total}'
   speed = results.get('images_per_sec')
   if speed is None:
     rate = 'images/s not measured (no log interval after a compiling step)'
   else:
-    which = ''
-    if resumed:
-      which = (' of the earlier invocations' if this_run == 0 else
-               ' of all invocations')
+    which = ((' of the earlier invocations' if this_run == 0 else
+              ' of all invocations') if resumed else '')
     rate = (f'{speed:.0f} images/s (median of the logged intervals{which}, '
             'compilation excluded)')
   if 'final_loss' in results:
@@ -405,10 +395,7 @@ def _training_lines(results: dict) -> list[str]:
 
 def summary(results: dict, workdir: str) -> str:
   """A one-screen text summary of a finished run."""
-  rows = [n for n in ('raw_pixels', 'random_init', 'trained')
-          if any(k.startswith(n + '/') for k in results)]
-  knn_key = next((k.split('/', 1)[1] for k in sorted(results)
-                  if k.startswith('trained/knn_weighted_top1')), None)
+  rows, knn_key = _scored(results)
   lines = ['', '=' * _RULE,
            _row('representation', knn_key or 'knn', 'linear_top1'),
            '-' * _RULE]
@@ -421,8 +408,12 @@ def summary(results: dict, workdir: str) -> str:
   if skipped := results.get('data/skipped_records'):
     lines.append(f'{skipped} undecodable images replaced in training, left '
                  'out of the scores (data/skipped_files)')
-  lines += ['-' * _RULE, *_training_lines(results),
-            *_input_wait_lines(results.get('input_wait')),
-            f'results: {workdir}/results.json  plot: {workdir}/summary.png',
+  lines += ['-' * _RULE, *_training_lines(results)]
+  if (wait := results.get('input_wait')) is not None:
+    lines.append(f'input wait {100 * wait:.0f}% of the training time' + (
+        '' if wait < INPUT_BOUND else ': input-bound, the devices waited for '
+        'batches (decoding in worker processes, config.dataset.num_workers: '
+        'docs/input_pipeline.md)'))
+  lines += [f'results: {workdir}/results.json  plot: {workdir}/summary.png',
             f'TensorBoard: tensorboard --logdir {workdir}', '=' * _RULE]
   return '\n'.join(lines)

@@ -24,13 +24,12 @@ _OWN = tuple(os.path.dirname(os.path.abspath(m)) + os.sep for m in (
 
 
 def size_cpu_thread_pools(environ=os.environ) -> int | None:
-  """Sets `PJRT_NPROC` to at least 2N for N virtual CPU devices.
+  """Sets `PJRT_NPROC` to at least 2N for N virtual CPU devices; the thread
+  count set, or None if nothing changed.
 
-  XLA:CPU sizes its pools at max(cores, N) threads, and two collective
-  programs in flight can then take every thread and deadlock
-  (docs/performance.md). Entry points call this before jax starts its CPU
-  backend (it warns otherwise); the library never does on import. Returns
-  the thread count set, or None if nothing changed.
+  XLA:CPU sizes its pools at max(cores, N) threads, with which two collective
+  programs in flight can deadlock (docs/performance.md). Entry points call
+  this before jax starts its CPU backend (it warns otherwise).
   """
   found = re.findall(r'--xla_force_host_platform_device_count=(\d+)',
                      environ.get('XLA_FLAGS', ''))
@@ -89,11 +88,8 @@ def initialize_distributed() -> None:
 
 
 def create_mesh(devices=None) -> jax.sharding.Mesh:
-  """A 1-D mesh, axis 'data', over `devices` (default: all of the job's).
-
-  Auto axis types: the partitioner inserts the collectives the global-batch
-  losses need.
-  """
+  """A 1-D mesh, axis 'data', over `devices` (default: all of the job's);
+  Auto axis types: the partitioner inserts the losses' collectives."""
   devices = jax.devices() if devices is None else list(devices)
   return jax.make_mesh((len(devices),), ('data',),
                        axis_types=(jax.sharding.AxisType.Auto,),

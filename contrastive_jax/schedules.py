@@ -1,7 +1,5 @@
-"""Per-step values of non-gradient hyperparameters, as optax-style schedules,
-traced in the jitted step (`config.moco.momentum_schedule`,
-`config.loss_schedules`).
-"""
+"""Per-step hyperparameters as optax-style schedules, traced in the jitted
+step (`config.moco.momentum_schedule`, `config.loss_schedules`)."""
 
 from __future__ import annotations
 

@@ -42,9 +42,8 @@ class TrainState:
 class Loss:
   """The configured loss: name, fixed kwargs, schedules and scale.
 
-  `schedules`: loss keyword -> (step -> value), passed traced so that a
-  changing value does not recompile. `scale` multiplies the loss
-  (`config.loss_scale`; e.g. MoCo v3's 4 tau).
+  `schedules`: loss keyword -> (step -> value), traced so that a changing
+  value does not recompile. `scale`: `config.loss_scale` (MoCo v3's 4 tau).
   """
   name: str
   kwargs: dict[str, Any]
@@ -71,20 +70,15 @@ class Loss:
 class OnlineClassifier:
   """The online linear classifier (`config.online`), a monitor on view 0."""
   num_classes: int
-  learning_rate: float = 1e-3
-
-  @property
-  def tx(self) -> optax.GradientTransformation:
-    return optax.adam(self.learning_rate)
+  tx = optax.adam(1e-3)
 
 
 def online_classifier_step(params, opt_state, features, labels, *,
                            classifier: OnlineClassifier):
   """One Adam step of the online linear classifier on frozen features.
 
-  params {'w': [F, C], 'b': [C]}; features [B, F]; labels [B]. Returns
-  (params, opt_state, metrics): `online/linear_acc` (before the update) and
-  `online/linear_loss`. Stop-gradient: labels never reach the encoder.
+  params {'w': [F, C], 'b': [C]}; features [B, F]; labels [B]. Metrics:
+  `online/linear_acc` (before the update), `online/linear_loss`.
   """
   features = jax.lax.stop_gradient(features.astype(jnp.float32))
 
@@ -124,24 +118,16 @@ def create_train_state(rng, *, model, tx, image_shape,
   return state
 
 
-def state_shardings(abstract_state: TrainState, method: methods.base.Method,
-                    mesh) -> TrainState:
-  """Replicated everywhere except where the method says (queue, bank rows)."""
-  replicated = NamedSharding(mesh, P())
-  shardings = jax.tree.map(lambda _: replicated, abstract_state)
-  return shardings.replace(method_state=method.shardings(
-      abstract_state.method_state, mesh))
-
-
 def train_step(state: TrainState, batch: dict[str, Any], rng: jax.Array, *,
                model, tx, method: methods.base.Method, loss: Loss,
                classifier: OnlineClassifier | None = None,
                mesh=None) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimisation step. Pure: jit it with the state donated.
 
-  batch: {'views': [B, V, H, W, C] float, 'label': [B], 'index': [B]}; the step's randomness is fold_in(rng, step).
-  Returns (new_state, metrics): `loss` (times `loss.scale`), `grad_norm`, the
-  loss's, the method's and the scheduled values, the monitors.
+  batch: {'views': [B, V, H, W, C] float, 'label': [B], 'index': [B]}; the
+  step's randomness is fold_in(rng, step). Metrics: `loss` (times
+  `loss.scale`), `grad_norm`, the loss's, the method's, the scheduled values
+  and the monitors.
   """
   rng = jax.random.fold_in(rng, state.step)
   # 1. The method's inputs computed without gradient (keys, negatives).
@@ -163,8 +149,8 @@ def train_step(state: TrainState, batch: dict[str, Any], rng: jax.Array, *,
       objective, has_aux=True)(state.params)
   # 3. The optimiser.
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  new = dict(step=state.step + 1, params=optax.apply_updates(state.params,
-                                                             updates),
+  new = dict(step=state.step + 1,
+             params=optax.apply_updates(state.params, updates),
              batch_stats=batch_stats, opt_state=opt_state,
              # 4. The method's state after the step (enqueue, bank write).
              method_state=method.update(prepared, z, batch))
@@ -183,12 +169,10 @@ def train_step(state: TrainState, batch: dict[str, Any], rng: jax.Array, *,
 
 def alignment_uniformity(z: jax.Array, key: jax.Array | None
                          ) -> dict[str, jax.Array]:
-  """Wang & Isola (2020)'s monitors of the batch's embeddings, lower better.
-
-  `uniformity` of view 0; `alignment` of view 0 with view 1, or with one
-  view, the key. z: [B, V, D]; key: [B, Vk, D] or None. The barrier keeps
-  XLA from fusing these with the loss's ops, which would change its floats.
-  """
+  """Wang & Isola (2020)'s monitors, lower better: `uniformity` of view 0,
+  `alignment` of view 0 with view 1 (one view: the key). z: [B, V, D]; key:
+  [B, Vk, D] or None. The barrier keeps XLA from fusing these with the
+  loss's ops, which would change its floats."""
   z, key = jax.lax.optimization_barrier((z, key))
   out = {'uniformity': diagnostics.uniformity(z[:, 0])}
   partner = z[:, 1] if z.shape[1] > 1 else None if key is None else key[:, 0]
@@ -235,9 +219,11 @@ def build(config, mesh, *, total_steps: int, steps_per_epoch: int,
   init = functools.partial(create_train_state, model=model, tx=tx,
                            image_shape=tuple(image_shape), method=method,
                            classifier=classifier)
-  shardings = state_shardings(jax.eval_shape(init, jax.random.key(0)),
-                              method, mesh)
+  # The state replicated but where the method says (queue, bank rows).
   replicated = NamedSharding(mesh, P())
+  abstract = jax.eval_shape(init, jax.random.key(0))
+  shardings = jax.tree.map(lambda _: replicated, abstract).replace(
+      method_state=method.shardings(abstract.method_state, mesh))
   data = NamedSharding(mesh, P('data'))
   step_fn = jax.jit(
       functools.partial(train_step, model=model, tx=tx, method=method,
@@ -245,8 +231,7 @@ def build(config, mesh, *, total_steps: int, steps_per_epoch: int,
       in_shardings=(shardings, {'views': data, 'label': data, 'index': data},
                     replicated),
       out_shardings=(shardings, replicated), donate_argnums=(0,))
-  return Setup(model=model, tx=tx,
-               learning_rate=learning_rate,
+  return Setup(model=model, tx=tx, learning_rate=learning_rate,
                method=method, loss=loss, classifier=classifier,
                init_fn=jax.jit(init, out_shardings=shardings),
                step_fn=step_fn, shardings=shardings)

@@ -72,11 +72,8 @@ def location(p: Any) -> str:
 
 
 def write_atomic(p: Any, data: bytes | str) -> None:
-  """Writes `data` to `p` so that no reader ever sees it half written.
-
-  Local: a temporary file renamed over `p`. Remote: one object in one
-  request, visible only once complete.
-  """
+  """Writes `data` to `p` so that no reader ever sees it half written: a
+  temporary file renamed over a local `p`, one object in one request remote."""
   data = data.encode() if isinstance(data, str) else data
   target = path(p)
   if is_remote(p):
@@ -101,12 +98,12 @@ def read_bytes(p: Any) -> bytes:
     return f.read()
 
 
-def read_text(p: Any, default: str | None = None) -> str | None:
-  """The text of `p`, or `default` when there is no such file."""
+def read_text(p: Any) -> str | None:
+  """The text of `p`, or None when there is no such file."""
   try:
     return read_bytes(p).decode()
   except FileNotFoundError:
-    return default
+    return None
 
 
 def save_figure(fig, p: Any) -> None:
@@ -117,11 +114,9 @@ def save_figure(fig, p: Any) -> None:
 
 
 def check(p: Any, *, what: str, write: bool) -> None:
-  """A `StorageError` naming `p` and the fix when remote `p` is unusable.
-
-  `write`: write and delete a small probe object under `p`; else `p` must
-  hold something. Does nothing for a local path.
-  """
+  """A `StorageError` naming `p` and the fix when remote `p` is unusable:
+  with `write`, a probe object under it cannot be written and deleted; else
+  nothing is stored under it. Local paths pass."""
   if not is_remote(p):
     return
   configure()

@@ -1,12 +1,9 @@
 """Image augmentations as pure, jittable JAX functions.
 
 Each op maps `(rng, image [H, W, C] float32 in [0, 1], **params) -> image`;
-`augment_batch` vmaps a view's recipe (`ViewConfig`) over the batch, so one
-jitted call turns a sharded batch into V views [B, V, h, w, C] on the devices
-that train on them (docs/input_pipeline.md has the measurements). On one
-channel, saturation, hue and grayscale are identities. `PRESETS` holds the
-papers' recipes; `build_views` turns a preset plus config overrides into V
-recipes. AutoAugment lives in `autoaugment.py`.
+`augment_batch` vmaps each view's `ViewConfig` over the batch, so one jitted
+call makes V views [B, V, h, w, C] on the devices that train on them. On one
+channel, saturation, hue and grayscale are identities. docs/input_pipeline.md.
 """
 
 from __future__ import annotations
@@ -24,13 +21,17 @@ from input_pipeline import autoaugment as aa
 from input_pipeline.autoaugment import autoaugment
 
 
+OPS = ('crop', 'flip', 'autoaugment', 'jitter', 'grayscale', 'blur',
+       'solarize')
+DEFAULT_OP_ORDER = OPS
+
+
 @dataclasses.dataclass(frozen=True)
 class ViewConfig:
-  """The augmentation recipe of one view; ops run in `op_order`, erasing last.
+  """One view's recipe at its input's size; ops run in `op_order`, erase last.
 
-  `jitter` (torchvision's ColorJitter amounts) replaces SimCLR's strength s,
-  amounts (0.8 s, 0.8 s, 0.8 s, 0.2 s). `autoaugment_impl` '' runs the
-  convention that defines the policy. A view has its input's size.
+  `jitter` (ColorJitter's amounts) replaces the strength s's (0.8 s, 0.8 s,
+  0.8 s, 0.2 s); `autoaugment_impl` '' runs the policy's own convention.
   """
   crop_scale: tuple[float, float] | None = (0.08, 1.0)   # None: no crop.
   crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
@@ -45,8 +46,7 @@ class ViewConfig:
   blur_p: float = 0.0      # Sigma in [0.1, 2], kernel ~10% of the side.
   solarize_p: float = 0.0
   erase_p: float = 0.0     # One rectangle (Zhong et al.).
-  op_order: tuple[str, ...] = ('crop', 'flip', 'autoaugment', 'jitter',
-                               'grayscale', 'blur', 'solarize')
+  op_order: tuple[str, ...] = OPS
 
   def jitter_amounts(self) -> tuple[float, float, float, float]:
     """(brightness, contrast, saturation, hue): `jitter`, else from s."""
@@ -54,11 +54,6 @@ class ViewConfig:
       return tuple(self.jitter)
     s = self.jitter_strength
     return (0.8 * s, 0.8 * s, 0.8 * s, 0.2 * s)
-
-
-OPS = ('crop', 'flip', 'autoaugment', 'jitter', 'grayscale', 'blur',
-       'solarize')
-DEFAULT_OP_ORDER = ViewConfig.op_order
 
 
 def parse_op_order(order) -> tuple[str, ...]:
@@ -74,8 +69,7 @@ def parse_op_order(order) -> tuple[str, ...]:
   return names
 
 
-# Each view is a forward pass per step; 10 covers the papers (CACR/CMC
-# K + 1 = 5, TCL 3); one suffices for memory banks (InsDis).
+# Each view is a forward pass per step: 1 (memory banks) to 10 (papers <= 5).
 MIN_VIEWS, MAX_VIEWS = 1, 10
 
 
@@ -88,9 +82,8 @@ def random_resized_crop(rng, image, *, scale=(0.08, 1.0),
   oh, ow = (h, w) if size is None else size
   k_area, k_ratio, k_y, k_x = jax.random.split(rng, 4)
   area = jax.random.uniform(k_area, (), minval=scale[0], maxval=scale[1])
-  log_r = jax.random.uniform(k_ratio, (), minval=math.log(ratio[0]),
-                             maxval=math.log(ratio[1]))
-  r = jnp.exp(log_r)
+  r = jnp.exp(jax.random.uniform(k_ratio, (), minval=math.log(ratio[0]),
+                                 maxval=math.log(ratio[1])))
   ch = jnp.clip(jnp.sqrt(area / r) * h, 1.0, h)
   cw = jnp.clip(jnp.sqrt(area * r) * w, 1.0, w)
   y0 = jax.random.uniform(k_y, ()) * (h - ch)
@@ -105,7 +98,6 @@ def random_resized_crop(rng, image, *, scale=(0.08, 1.0),
 
 def pad_and_crop(rng, image, *, pad):
   """Zero-pads by `pad` pixels and takes a random crop of the input size."""
-  h, w, _ = image.shape
   padded = jnp.pad(image, ((pad, pad), (pad, pad), (0, 0)))
   dy, dx = jax.random.randint(rng, (2,), 0, 2 * pad + 1)
   return jax.lax.dynamic_slice(padded, (dy, dx, 0), image.shape)
@@ -128,26 +120,21 @@ _TO_YIQ = np.array([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322],
 _FROM_YIQ = np.linalg.inv(_TO_YIQ.astype(np.float64)).astype(np.float32)
 
 
-def _hue_matrix(delta):
-  """[3, 3] chroma rotation by `delta` turns in YIQ (for HSV's hue shift)."""
-  theta = 2 * jnp.pi * delta
-  c, s = jnp.cos(theta), jnp.sin(theta)
-  rotation = jnp.array([[1., 0., 0.], [0., c, -s], [0., s, c]])
-  return jnp.asarray(_FROM_YIQ) @ rotation @ jnp.asarray(_TO_YIQ)
-
-
 def jitter(image, brightness, contrast, saturation, hue):
   """Brightness, contrast, saturation and hue (turns) of [H, W, C] in [0, 1]
-  as one affine colour map x -> A x + t, clipped once. The four maps
-  commute, so SimCLR's random order gives the same image (it clips after
-  each op)."""
+  as one affine map x -> A x + t, clipped once: the four maps commute, so
+  SimCLR's random order (clipping after each) gives the same image."""
   channels = image.shape[-1]
   eye = jnp.eye(channels, dtype=image.dtype)
   if channels == 3:
+    theta = 2 * jnp.pi * hue    # HSV's hue shift as a chroma rotation in YIQ.
+    c, s = jnp.cos(theta), jnp.sin(theta)
+    rotation = jnp.array([[1., 0., 0.], [0., c, -s], [0., s, c]])
+    hue_map = jnp.asarray(_FROM_YIQ) @ rotation @ jnp.asarray(_TO_YIQ)
     g = jnp.asarray(_TO_YIQ[0], image.dtype)
     blend = saturation * eye + (1. - saturation) * jnp.outer(
         jnp.ones(3, image.dtype), g)
-    a = brightness * contrast * _hue_matrix(hue).astype(image.dtype) @ blend
+    a = brightness * contrast * hue_map.astype(image.dtype) @ blend
   else:
     g = jnp.ones((1,), image.dtype)
     a = brightness * contrast * eye
@@ -163,10 +150,9 @@ def color_jitter(rng, image, *, amounts, p=0.8):
   from `amounts` = (b, c, s, h), applied with probability p."""
   # The sixth key is unused (no order is drawn); the five keep their seeds.
   k_apply, k_b, k_c, k_s, k_h, _ = jax.random.split(rng, 6)
-  r_b, r_c, r_s, r_h = amounts
   u = lambda k, r: jax.random.uniform(k, (), minval=1 - r, maxval=1 + r)
-  b, c, s = u(k_b, r_b), u(k_c, r_c), u(k_s, r_s)
-  hue = jax.random.uniform(k_h, (), minval=-r_h, maxval=r_h)
+  b, c, s = (u(k, r) for k, r in zip((k_b, k_c, k_s), amounts))
+  hue = jax.random.uniform(k_h, (), minval=-amounts[3], maxval=amounts[3])
   out = jitter(image, b, c, s, hue)
   return jnp.where(jax.random.bernoulli(k_apply, p), out, image)
 
@@ -204,15 +190,13 @@ def random_erase(rng, image, *, p, scale=(0.02, 0.2)):
   ew = jnp.clip(jnp.sqrt(area / r), 1, w)
   y0 = jax.random.uniform(k_y, ()) * (h - eh)
   x0 = jax.random.uniform(k_x, ()) * (w - ew)
-  yy = jnp.arange(h)[:, None, None]
-  xx = jnp.arange(w)[None, :, None]
+  yy, xx = jnp.arange(h)[:, None, None], jnp.arange(w)[None, :, None]
   inside = (yy >= y0) & (yy < y0 + eh) & (xx >= x0) & (xx < x0 + ew)
   out = jnp.where(inside, 0., image)
   return jnp.where(jax.random.bernoulli(k_apply, p), out, image)
 
 
-# The key of a view's AutoAugment draw: a constant far from the counters
-# that `split` and the other ops use, so each op keeps its own key.
+# fold_in(rng, this) keys AutoAugment, far from `split`'s counters.
 _AUTOAUGMENT_STREAM = 0x41754175
 
 
@@ -232,7 +216,7 @@ def augment_image(rng, image, cfg: ViewConfig, *, cropped: bool = False):
       image = flip_left_right(keys[2], image, p=cfg.flip_p)
     elif op == 'autoaugment' and cfg.autoaugment:
       impl = (cfg.autoaugment_impl
-              or aa.AUTOAUGMENT_POLICY_IMPLS[cfg.autoaugment][0])
+              or aa.AUTOAUGMENT_POLICY_IMPLS[cfg.autoaugment])
       image = autoaugment(jax.random.fold_in(rng, _AUTOAUGMENT_STREAM), image,
                           policy=cfg.autoaugment, impl=impl)
     elif op == 'jitter' and any(cfg.jitter_amounts()):
@@ -261,31 +245,22 @@ def augment_batch(rng, images, views: Sequence[ViewConfig], *,
   if host_cropped and (images.ndim != 5 or images.shape[1] != len(views)):
     raise ValueError(f'host-cropped images must be [B, V={len(views)}, H, W, '
                      f'C]; got {images.shape}.')
-  batch = images.shape[0]
-  out = [None] * len(views)
-  # SimCLR's V identical views compile once, not V times.
-  groups: dict[ViewConfig, list[int]] = {}
-  for v, cfg in enumerate(views):
-    groups.setdefault(cfg, []).append(v)
-  per_image = lambda k, x, c: augment_image(k, x, c, cropped=host_cropped)
-  for cfg, members in groups.items():
-    keys = jnp.stack([jax.random.split(jax.random.fold_in(rng, v), batch)
-                      for v in members])                      # [V_cfg, B]
-    if host_cropped:     # Each view its own crops: [V_cfg, B, H, W, C].
-      inputs, in_axes = jnp.stack([images[:, v] for v in members]), (0, 0)
-    else:
-      inputs, in_axes = images, (0, None)
-    fn = jax.vmap(jax.vmap(functools.partial(per_image, c=cfg)),
-                  in_axes=in_axes)
-    group_out = fn(keys, inputs)                  # [V_cfg, B, h, w, C]
-    for i, v in enumerate(members):
-      out[v] = group_out[i]
-  return jnp.stack(out, axis=1)
+  out = {}
+  for cfg in dict.fromkeys(views):      # Identical views compile once.
+    members = [v for v, c in enumerate(views) if c == cfg]
+    keys = jnp.stack([jax.random.split(jax.random.fold_in(rng, v),
+                                       images.shape[0]) for v in members])
+    # Host-cropped: each view its own crops, [V_cfg, B, H, W, C].
+    inputs, in_axes = ((jnp.stack([images[:, v] for v in members]), 0)
+                       if host_cropped else (images, None))
+    fn = functools.partial(augment_image, cfg=cfg, cropped=host_cropped)
+    out.update(zip(members, jax.vmap(jax.vmap(fn), in_axes=(0, in_axes))(
+        keys, inputs)))                           # [V_cfg, B, h, w, C]
+  return jnp.stack([out[v] for v in range(len(views))], axis=1)
 
 
-# The papers' recipes, cycled to the configured V.
-_SIMCLR = ViewConfig(crop_scale=(0.08, 1.), flip_p=0.5, jitter_strength=1.0,
-                     jitter_p=0.8, grayscale_p=0.2, blur_p=0.5)
+# The papers' recipes, cycled to the configured V; flip p = 0.5 in all.
+_SIMCLR = ViewConfig(jitter_strength=1.0, grayscale_p=0.2, blur_p=0.5)
 PRESETS: dict[str, tuple[ViewConfig, ...]] = {
     # SimCLR (Chen et al. 2020, appendix A); blur is used for ImageNet-size
     # images only, so `simclr_small` drops it for 32x32 and smaller.
@@ -293,9 +268,8 @@ PRESETS: dict[str, tuple[ViewConfig, ...]] = {
     'simclr_small': (dataclasses.replace(_SIMCLR, blur_p=0.),) * 2,
     # InsDis / MoCo v1: crop 0.2-1, ColorJitter(0.4, 0.4, 0.4) always
     # (strength 0.5; their hue 0.4 is 0.1 here), grayscale 0.2, flip.
-    'moco_v1': (ViewConfig(crop_scale=(0.2, 1.), flip_p=0.5,
-                           jitter_strength=0.5, jitter_p=1.0,
-                           grayscale_p=0.2),) * 2,
+    'moco_v1': (ViewConfig(crop_scale=(0.2, 1.), jitter_strength=0.5,
+                           jitter_p=1.0, grayscale_p=0.2),) * 2,
     # MoCo v2: SimCLR's ops with jitter strength 0.5 and blur p=0.5.
     'moco_v2': (dataclasses.replace(_SIMCLR, crop_scale=(0.2, 1.),
                                     jitter_strength=0.5),) * 2,
@@ -303,20 +277,18 @@ PRESETS: dict[str, tuple[ViewConfig, ...]] = {
     'byol': (dataclasses.replace(_SIMCLR, blur_p=1.0, solarize_p=0.),
              dataclasses.replace(_SIMCLR, blur_p=0.1, solarize_p=0.2)),
     # CACR / MACL on CIFAR: crop (0.2, 1), flip, jitter 0.4 p=0.8, gray 0.2.
-    'cifar_small': (ViewConfig(crop_scale=(0.2, 1.), flip_p=0.5,
-                               jitter_strength=0.5, jitter_p=0.8,
+    'cifar_small': (ViewConfig(crop_scale=(0.2, 1.), jitter_strength=0.5,
                                grayscale_p=0.2),) * 2,
     # TCL on Fashion-MNIST: RandomCrop(28, padding=4) + horizontal flip.
-    'tcl_fmnist': (ViewConfig(crop_scale=None, pad_crop=4, flip_p=0.5),) * 2,
+    'tcl_fmnist': (ViewConfig(crop_scale=None, pad_crop=4),) * 2,
     # TCL on CIFAR and ImageNet (its train transform): RandomCrop(padding=4),
     # flip, AutoAugment's CIFAR-10 policy in the port's conventions.
-    'tcl': (ViewConfig(crop_scale=None, pad_crop=4, flip_p=0.5,
-                       autoaugment='cifar10',
+    'tcl': (ViewConfig(crop_scale=None, pad_crop=4, autoaugment='cifar10',
                        autoaugment_impl='pytorch_auto_augment',
                        jitter_p=0.),) * 2,
     # This project's Fashion-MNIST recipe (configs/default.py).
-    'fmnist': (ViewConfig(crop_scale=(0.3, 1.), flip_p=0.5, jitter_strength=0.5,
-                          jitter_p=0.8, erase_p=0.25),) * 2,
+    'fmnist': (ViewConfig(crop_scale=(0.3, 1.), jitter_strength=0.5,
+                          erase_p=0.25),) * 2,
 }
 
 
@@ -327,10 +299,6 @@ def get_views(preset: str, num_views: int) -> tuple[ViewConfig, ...]:
                      f'{", ".join(sorted(PRESETS))}.')
   base = PRESETS[preset]
   return tuple(base[i % len(base)] for i in range(num_views))
-
-
-_PROBABILITY_FIELDS = ('flip_p', 'jitter_p', 'grayscale_p', 'blur_p',
-                       'solarize_p', 'erase_p')
 
 
 def build_views(preset: str, num_views: int, overrides=(), op_order=None
@@ -345,26 +313,23 @@ def build_views(preset: str, num_views: int, overrides=(), op_order=None
                      '(config.augment.num_views).')
   views = list(get_views(preset, num_views))
   overrides = list(overrides or ())
-  if overrides:
-    if len(overrides) == 1:
-      overrides = overrides * num_views
-    if len(overrides) != num_views:
-      raise ValueError(f'got {len(overrides)} view overrides for {num_views} '
-                       'views; give one (applied to every view) or one per '
-                       'view (config.augment.overrides).')
-    fields = {f.name for f in dataclasses.fields(ViewConfig)} - {'op_order'}
-    for v, override in enumerate(overrides):
-      override = dict(override)
-      if 'op_order' in override:
-        raise ValueError(f'view {v}: op_order is one for every view; set '
-                         'config.augment.op_order, not an override.')
-      unknown = sorted(set(override) - fields)
-      if unknown:
-        raise ValueError(f'unknown ViewConfig field(s) {unknown} in the '
-                         f'override of view {v}; known: {sorted(fields)}.')
-      override = {k: tuple(x) if isinstance(x, list) else x
-                  for k, x in override.items()}
-      views[v] = dataclasses.replace(views[v], **override)
+  if len(overrides) == 1:
+    overrides = overrides * num_views
+  if overrides and len(overrides) != num_views:
+    raise ValueError(f'got {len(overrides)} view overrides for {num_views} '
+                     'views; give one (applied to every view) or one per '
+                     'view (config.augment.overrides).')
+  fields = {f.name for f in dataclasses.fields(ViewConfig)} - {'op_order'}
+  for v, override in enumerate(map(dict, overrides)):
+    if 'op_order' in override:
+      raise ValueError(f'view {v}: op_order is one for every view; set '
+                       'config.augment.op_order, not an override.')
+    if unknown := sorted(set(override) - fields):
+      raise ValueError(f'unknown ViewConfig field(s) {unknown} in the '
+                       f'override of view {v}; known: {sorted(fields)}.')
+    views[v] = dataclasses.replace(views[v], **{
+        k: tuple(x) if isinstance(x, list) else x
+        for k, x in override.items()})
   if op_order is not None:
     order = parse_op_order(op_order)
     views = [dataclasses.replace(cfg, op_order=order) for cfg in views]
@@ -374,15 +339,14 @@ def build_views(preset: str, num_views: int, overrides=(), op_order=None
 
 
 def _validate(cfg: ViewConfig, v: int) -> None:
-  for name in _PROBABILITY_FIELDS:
-    p = getattr(cfg, name)
-    if not 0. <= p <= 1.:
+  for name in ('flip_p', 'jitter_p', 'grayscale_p', 'blur_p', 'solarize_p',
+               'erase_p'):
+    if not 0. <= (p := getattr(cfg, name)) <= 1.:
       raise ValueError(f'view {v}: {name}={p} is not a probability.')
-  if cfg.crop_scale is not None:
-    lo, hi = cfg.crop_scale
-    if not 0. < lo <= hi <= 1.:
-      raise ValueError(f'view {v}: crop_scale={cfg.crop_scale} must satisfy '
-                       '0 < min <= max <= 1.')
+  lo, hi = (1., 1.) if cfg.crop_scale is None else cfg.crop_scale
+  if not 0. < lo <= hi <= 1.:
+    raise ValueError(f'view {v}: crop_scale={cfg.crop_scale} must satisfy '
+                     '0 < min <= max <= 1.')
   lo, hi = cfg.crop_ratio
   if not 0. < lo <= hi:
     raise ValueError(f'view {v}: crop_ratio={cfg.crop_ratio} must satisfy '
@@ -395,10 +359,9 @@ def _validate(cfg: ViewConfig, v: int) -> None:
                      '(brightness, contrast, saturation, hue) >= 0, hue '
                      '<= 0.5.')
   if cfg.autoaugment and cfg.autoaugment not in aa.AUTOAUGMENT_POLICIES:
+    known = ', '.join(sorted(aa.AUTOAUGMENT_POLICIES))
     raise ValueError(f'view {v}: autoaugment={cfg.autoaugment!r} is not a '
-                     'policy; known: '
-                     f'{", ".join(sorted(aa.AUTOAUGMENT_POLICIES))} (or \'\' '
-                     'for none).')
+                     f"policy; known: {known} (or '' for none).")
   if cfg.autoaugment_impl not in ('',) + aa.AUTOAUGMENT_IMPLS:
     raise ValueError(f'view {v}: autoaugment_impl={cfg.autoaugment_impl!r}; '
                      f'known: {", ".join(aa.AUTOAUGMENT_IMPLS)}.')
@@ -407,13 +370,11 @@ def _validate(cfg: ViewConfig, v: int) -> None:
       aa.check_autoaugment_policy(cfg.autoaugment, cfg.autoaugment_impl)
     except ValueError as e:
       raise ValueError(f'view {v}: {e}') from None
-  order = parse_op_order(cfg.op_order)
   used = {'flip': cfg.flip_p, 'autoaugment': cfg.autoaugment,
-          'jitter': any(cfg.jitter_amounts()),
-          'grayscale': cfg.grayscale_p, 'blur': cfg.blur_p,
-          'solarize': cfg.solarize_p}
-  missing = [op for op, on in used.items() if on and op not in order]
-  if missing:
-    raise ValueError(f'view {v}: its op order {", ".join(order)!r} leaves out '
-                     f'{", ".join(missing)}, which the view uses '
+          'jitter': any(cfg.jitter_amounts()), 'grayscale': cfg.grayscale_p,
+          'blur': cfg.blur_p, 'solarize': cfg.solarize_p}
+  if missing := [op for op, on in used.items()
+                 if on and op not in cfg.op_order]:
+    raise ValueError(f'view {v}: its op order {", ".join(cfg.op_order)!r} '
+                     f'leaves out {", ".join(missing)}, which the view uses '
                      '(config.augment.op_order).')

@@ -1,12 +1,10 @@
 """AutoAugment (Cubuk et al. 2019): jittable ops on [H, W, C] images in [0, 1].
 
 Two conventions (`ViewConfig.autoaugment_impl`), each running the policy it
-defines: 'pytorch_auto_augment' runs 'cifar10' as the port in
-4uiiurz1/pytorch-auto-augment that TCL's code copies (magnitudes uniform in
-their bin, scipy.ndimage cubic-spline warps rounded to 8-bit levels);
-'tf_model_garden' runs 'v0' as TF Model Garden's `AutoAugment().distort`,
-which SupCon's TF code calls (uint8 arithmetic after every op). The
-derivations: docs/input_pipeline.md.
+defines: 'pytorch_auto_augment' runs 'cifar10' as TCL's port
+(4uiiurz1/pytorch-auto-augment: scipy.ndimage cubic warps), 'tf_model_garden'
+runs 'v0' as TF Model Garden's `AutoAugment().distort` (SupCon; uint8 after
+every op). Derivations: docs/input_pipeline.md.
 """
 
 from __future__ import annotations
@@ -22,22 +20,17 @@ AUTOAUGMENT_OPS = ('ShearX', 'ShearY', 'TranslateX', 'TranslateY', 'Rotate',
                    'Brightness', 'Color', 'Contrast', 'Sharpness', 'Posterize',
                    'Solarize', 'AutoContrast', 'Equalize', 'Invert')
 _NUM_GEOMETRIC = 5        # The first five ops move pixels; the rest map values.
-AUTOAUGMENT_BINS = 10
-# TF's ops: the fourteen plus SolarizeAdd and Cutout, levels 0-10.
+# TF's ops: the fourteen plus SolarizeAdd and Cutout.
 TF_AUTOAUGMENT_OPS = AUTOAUGMENT_OPS + ('SolarizeAdd', 'Cutout')
-TF_AUTOAUGMENT_LEVELS = 11
 
 
 def _parse_policy(text: str):
   """'op probability bin' twice per sub-policy ('-': no magnitude), two
   sub-policies per line split by '|' -> ((op, p, bin or None), ...) rows."""
-  subs = []
-  for part in text.replace('\n', '|').split('|'):
-    if words := part.split():
-      subs.append(tuple((words[i], float(words[i + 1]), None if
-                         words[i + 2] == '-' else int(words[i + 2]))
-                        for i in (0, 3)))
-  return tuple(subs)
+  rows = [part.split() for part in text.replace('\n', '|').split('|')]
+  return tuple(tuple((w[i], float(w[i + 1]),
+                      None if w[i + 2] == '-' else int(w[i + 2]))
+                     for i in (0, 3)) for w in rows if w)
 
 
 # 25 sub-policies of two (op, probability, magnitude bin or TF level) each:
@@ -74,57 +67,44 @@ Equalize 1.0 4 AutoContrast 0.6 2 | ShearY 0.4 7 SolarizeAdd 0.6 7
 Posterize 0.8 2 Solarize 0.6 10 | Solarize 0.6 8 Equalize 0.6 1
 Color 0.8 6 Rotate 0.4 5"""),
 }
-AUTOAUGMENT_IMPLS = ('pytorch_auto_augment', 'tf_model_garden')
 # The convention that defines each policy: bins 0-9 mean nothing to TF's
 # level_to_arg, nor levels 0-10 and SolarizeAdd to the port.
-AUTOAUGMENT_POLICY_IMPLS = {'cifar10': ('pytorch_auto_augment',),
-                            'v0': ('tf_model_garden',)}
-
-
-def _check_impl(impl: str) -> None:
-  if impl not in AUTOAUGMENT_IMPLS:
-    raise ValueError(f'unknown AutoAugment implementation {impl!r}; known: '
-                     f'{", ".join(AUTOAUGMENT_IMPLS)}.')
+AUTOAUGMENT_POLICY_IMPLS = {'cifar10': 'pytorch_auto_augment',
+                            'v0': 'tf_model_garden'}
+AUTOAUGMENT_IMPLS = tuple(AUTOAUGMENT_POLICY_IMPLS.values())
 
 
 def check_autoaugment_policy(policy: str, impl: str) -> None:
   """Raises ValueError unless `impl` runs `policy`, naming the fix."""
+  if impl not in AUTOAUGMENT_IMPLS:
+    raise ValueError(f'unknown AutoAugment implementation {impl!r}; known: '
+                     f'{", ".join(AUTOAUGMENT_IMPLS)}.')
   if policy not in AUTOAUGMENT_POLICIES:
     raise ValueError(f'unknown AutoAugment policy {policy!r}; known: '
                      f'{", ".join(sorted(AUTOAUGMENT_POLICIES))}.')
-  impls = AUTOAUGMENT_POLICY_IMPLS[policy]
-  if impl not in impls:
-    others = sorted(p for p, i in AUTOAUGMENT_POLICY_IMPLS.items()
-                    if impl in i)
+  if impl != (want := AUTOAUGMENT_POLICY_IMPLS[policy]):
+    others = sorted(p for p, i in AUTOAUGMENT_POLICY_IMPLS.items() if i == impl)
     raise ValueError(
-        f'AutoAugment policy {policy!r} runs with autoaugment_impl '
-        f'{" or ".join(map(repr, impls))}, not {impl!r}: set '
-        f'autoaugment_impl={impls[0]!r} (or, keeping {impl!r}, a policy of '
-        f'{", ".join(others)}).')
+        f'AutoAugment policy {policy!r} runs with autoaugment_impl {want!r}, '
+        f'not {impl!r}: set autoaugment_impl={want!r} (or, keeping {impl!r}, '
+        f'a policy of {", ".join(others)}).')
 
 
 # The pytorch-auto-augment port ('pytorch_auto_augment').
 
 def autoaugment_grids(height: int, width: int) -> np.ndarray:
-  """[len(AUTOAUGMENT_OPS), BINS + 1]: bin b of an op is [grid[b], grid[b +
+  """[len(AUTOAUGMENT_OPS), 11]: bin b (0-9) of an op is [grid[b], grid[b +
   1]]; enhance factors stored as factor - 1, zeros for argument-free ops."""
-  grid = lambda lo, hi: np.linspace(lo, hi, AUTOAUGMENT_BINS + 1)
+  grid = lambda lo, hi: np.linspace(lo, hi, 11)
   t = 150. / 331.
-  rows = {
-      'ShearX': grid(-0.3, 0.3), 'ShearY': grid(-0.3, 0.3),
-      'TranslateX': grid(-t, t) * width, 'TranslateY': grid(-t, t) * height,
-      'Rotate': grid(-30., 30.),
-      'Brightness': grid(-0.9, 0.9), 'Color': grid(-0.9, 0.9),
-      'Contrast': grid(-0.9, 0.9), 'Sharpness': grid(-0.9, 0.9),
-      'Posterize': grid(4., 8.), 'Solarize': grid(0., 256.),
-  }
-  zeros = np.zeros(AUTOAUGMENT_BINS + 1)
-  return np.stack([rows.get(op, zeros) for op in AUTOAUGMENT_OPS]
+  rows = {'ShearX': grid(-0.3, 0.3), 'ShearY': grid(-0.3, 0.3),
+          'TranslateX': grid(-t, t) * width, 'TranslateY': grid(-t, t) * height,
+          'Rotate': grid(-30., 30.), 'Posterize': grid(4., 8.),
+          'Solarize': grid(0., 256.), 'Brightness': grid(-0.9, 0.9),
+          'Color': grid(-0.9, 0.9), 'Contrast': grid(-0.9, 0.9),
+          'Sharpness': grid(-0.9, 0.9)}
+  return np.stack([rows.get(op, np.zeros(11)) for op in AUTOAUGMENT_OPS]
                   ).astype(np.float32)
-
-
-# The pole of the cubic B-spline's inverse filter (Unser 1999).
-_CUBIC_POLE = math.sqrt(3.) - 2.
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,12 +112,10 @@ def cubic_spline_prefilter(n: int) -> np.ndarray:
   """[n, n] float64 P, c = P @ x: scipy's spline_filter1d(order=3,
   mode='mirror') in closed form (x convolved with sqrt(3) z^|k| over the
   mirror extension, period 2n - 2). Cached, read-only."""
-  if n < 1:
-    raise ValueError(f'cubic_spline_prefilter: n={n}, needs n >= 1.')
   if n == 1:
     out = np.ones((1, 1))
   else:
-    z, p = _CUBIC_POLE, 2 * n - 2
+    z, p = math.sqrt(3.) - 2., 2 * n - 2    # z: beta3's pole (Unser 1999).
     periodic = lambda d: (z ** np.abs(d)
                           + (z ** (p - d) + z ** (p + d)) / (1. - z ** p))
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
@@ -158,7 +136,6 @@ def _mirror_index(index, n):
 
 
 def _cubic_bspline(d):
-  """The cubic B-spline beta3 at the distances d."""
   a = jnp.abs(d)
   return jnp.where(a < 1., 2. / 3. - a * a + a * a * a / 2.,
                    jnp.where(a < 2., (2. - a) ** 3 / 6., 0.))
@@ -169,11 +146,10 @@ def affine_cubic_spline(image, matrix):
   [H, W, C] -> [H, W, C] float32, output (row, col) sampling the input at
   matrix [2, 3] @ (row, col, 1) (may be traced), 0 outside, not clipped."""
   h, w, _ = image.shape
-  highest = jax.lax.Precision.HIGHEST     # TPU/GPU default to less.
   p_h = jnp.asarray(cubic_spline_prefilter(h), jnp.float32)
   p_w = jnp.asarray(cubic_spline_prefilter(w), jnp.float32)
   coeffs = jnp.einsum('ij,jkc,lk->ilc', p_h, image.astype(jnp.float32), p_w,
-                      precision=highest)
+                      precision=jax.lax.Precision.HIGHEST)  # TPU/GPU: less.
   rows, cols = jnp.meshgrid(jnp.arange(h, dtype=jnp.float32),
                             jnp.arange(w, dtype=jnp.float32), indexing='ij')
   sy = matrix[0, 0] * rows + matrix[0, 1] * cols + matrix[0, 2]
@@ -194,31 +170,21 @@ def affine_cubic_spline(image, matrix):
   return jnp.where(inside[..., None], out, 0.)
 
 
-def _round_to_levels(image):
-  """Rounded half up to 8-bit levels and clipped, as scipy writes uint8."""
-  return jnp.clip(jnp.floor(image * 255. + 0.5), 0., 255.) / 255.
-
-
 def _geometric_matrix_port(op, magnitude, height, width):
   """The port's inverse map [2, 3] on (row, column), L (p - o) + o + t about
   o = (H / 2 + 0.5, W / 2 + 0.5); the identity for value ops."""
   m = magnitude
   one, zero = jnp.ones_like(m), jnp.zeros_like(m)
-  theta = jnp.deg2rad(m)
-  c, s = jnp.cos(theta), jnp.sin(theta)
-  eye = jnp.array([[one, zero], [zero, one]])
-  linear = jnp.stack([
-      jnp.array([[one, m], [zero, one]]),                          # ShearX
-      jnp.array([[one, zero], [m, one]]),                          # ShearY
-      eye, eye,                                                    # Translate
-      jnp.array([[c, -s], [s, c]]),                                # Rotate
-      eye,                                                         # identity
+  c, s = jnp.cos(jnp.deg2rad(m)), jnp.sin(jnp.deg2rad(m))
+  linear_and_shift = jnp.stack([
+      jnp.array([[one, m, zero], [zero, one, zero]]),              # ShearX
+      jnp.array([[one, zero, zero], [m, one, zero]]),              # ShearY
+      jnp.array([[one, zero, zero], [zero, one, m]]),              # TranslateX
+      jnp.array([[one, zero, m], [zero, one, zero]]),              # TranslateY
+      jnp.array([[c, -s, zero], [s, c, zero]]),                    # Rotate
+      jnp.array([[one, zero, zero], [zero, one, zero]]),           # identity
   ])[jnp.minimum(op, _NUM_GEOMETRIC)]
-  shift = jnp.stack([
-      jnp.array([zero, zero]), jnp.array([zero, zero]),
-      jnp.array([zero, m]), jnp.array([m, zero]),                  # Translate
-      jnp.array([zero, zero]), jnp.array([zero, zero]),
-  ])[jnp.minimum(op, _NUM_GEOMETRIC)]
+  linear, shift = linear_and_shift[:, :2], linear_and_shift[:, 2]
   centre = jnp.array([height / 2. + 0.5, width / 2. + 0.5], jnp.float32)
   # Elementwise, not `@`: accelerators may run a matmul below float32.
   offset = centre - jnp.sum(linear * centre, axis=1) + shift
@@ -240,12 +206,6 @@ def _to_levels(image):
   return jnp.round(jnp.clip(image, 0., 1.) * 255.).astype(jnp.int32)
 
 
-def _aa_color(image, m):
-  if image.shape[-1] == 1:
-    return image
-  return _blend(image, _luma(image)[..., None], 1. + m)
-
-
 def _aa_sharpness(image, m):
   """Blend with PIL's SMOOTH filter; the one-pixel border keeps its values."""
   h, w, _ = image.shape
@@ -256,9 +216,9 @@ def _aa_sharpness(image, m):
   return _blend(image, degenerate, 1. + m)
 
 
-def _aa_posterize(image, bits):
-  step = jnp.exp2(8. - bits)
-  return jnp.floor(_to_levels(image) / step) * step / 255.
+def _posterize(levels, shift):
+  step = jnp.exp2(shift)
+  return jnp.floor(levels / step) * step
 
 
 def _aa_solarize(image, threshold):
@@ -267,15 +227,15 @@ def _aa_solarize(image, threshold):
 
 
 def _aa_autocontrast(image, _):
-  lo = jnp.min(image, axis=(0, 1))
-  hi = jnp.max(image, axis=(0, 1))
+  lo, hi = jnp.min(image, axis=(0, 1)), jnp.max(image, axis=(0, 1))
   span = jnp.where(hi > lo, hi - lo, 1.)
   lo = jnp.where(hi > lo, lo, 0.)
   return jnp.clip((image - lo) / span, 0., 1.)
 
 
-def _equalize_channel(levels):
-  """PIL's `ImageOps.equalize` of one [H, W] channel of 0-255 int levels."""
+@functools.partial(jax.vmap, in_axes=-1, out_axes=-1)
+def _equalize(levels):
+  """PIL's `ImageOps.equalize` of each channel of [H, W, C] int levels."""
   hist = jnp.bincount(levels.ravel(), length=256)
   step = (levels.size - hist[jnp.max(levels)]) // 255
   safe = jnp.maximum(step, 1)
@@ -283,116 +243,96 @@ def _equalize_channel(levels):
   return jnp.where(step > 0, lut[levels], levels)
 
 
-def _aa_equalize(image, _):
-  levels = _to_levels(image)
-  out = jax.vmap(_equalize_channel, in_axes=-1, out_axes=-1)(levels)
-  return out.astype(image.dtype) / 255.
-
-
 # Index = op - _NUM_GEOMETRIC + 1; index 0 passes the (warped) image through.
 _AA_VALUE_OPS = (
     lambda image, _: image,
     lambda image, m: _blend(image, jnp.zeros_like(image), 1. + m),
-    _aa_color,
+    lambda image, m: image if image.shape[-1] == 1 else _blend(
+        image, _luma(image)[..., None], 1. + m),                  # Color
     lambda image, m: _blend(image, jnp.mean(_luma(image)), 1. + m),
-    _aa_sharpness, _aa_posterize, _aa_solarize, _aa_autocontrast,
-    _aa_equalize, lambda image, _: 1. - image)
+    _aa_sharpness,
+    lambda image, bits: _posterize(_to_levels(image), 8. - bits) / 255.,
+    _aa_solarize, _aa_autocontrast,
+    lambda image, _: _equalize(_to_levels(image)).astype(image.dtype) / 255.,
+    lambda image, _: 1. - image)
 
 
-def autoaugment_op(image, op, magnitude, impl='pytorch_auto_augment',
-                   key=None):
-  """Op `op` of `impl` at signed `magnitude` (both may be traced) on [H, W, C]
-  in [0, 1]: a warp (rounded to levels), then a `lax.switch` over the value
-  ops. 'tf_model_garden': `TF_AUTOAUGMENT_OPS`, `key` Cutout's centre."""
-  if impl == 'tf_model_garden':
-    if key is None:
-      raise ValueError("impl='tf_model_garden' needs a key (Cutout's centre).")
-    return tf_autoaugment_op(_tf_levels(image), op, magnitude, key) / 255.
-  _check_impl(impl)
+def autoaugment_op(image, op, magnitude):
+  """The port's op `op` at signed `magnitude` (both may be traced) on [H, W,
+  C] in [0, 1]: a warp rounded half up to 8-bit levels and clipped (as
+  scipy writes uint8), then a `lax.switch` over the value ops."""
   h, w, _ = image.shape
   op = jnp.asarray(op, jnp.int32)
   cubic = affine_cubic_spline(image,
                               _geometric_matrix_port(op, magnitude, h, w))
-  warped = jnp.where(op < _NUM_GEOMETRIC, _round_to_levels(cubic), image)
+  levels = jnp.clip(jnp.floor(cubic * 255. + 0.5), 0., 255.) / 255.
+  warped = jnp.where(op < _NUM_GEOMETRIC, levels, image)
   index = jnp.maximum(op - _NUM_GEOMETRIC + 1, 0)
   return jax.lax.switch(index, _AA_VALUE_OPS, warped, magnitude)
 
 
-def autoaugment_draw(rng, policy='cifar10', impl='pytorch_auto_augment'):
-  """(sub-policy, its two ops, magnitudes(h, w) -> their signed magnitudes,
-  whether each applies): the port's magnitudes uniform in their bin of
-  `autoaugment_grids`; TF's `tf_autoaugment_args`, geometric ones negated
-  with probability 1/2."""
-  _check_impl(impl)
+def autoaugment_draw(rng, height, width, policy='cifar10',
+                     impl='pytorch_auto_augment'):
+  """(sub-policy, its two ops, their signed magnitudes, whether each applies):
+  the port's magnitudes uniform in their bin of `autoaugment_grids`; TF's
+  `tf_autoaugment_args`, geometric ones negated with probability 1/2."""
   check_autoaugment_policy(policy, impl)
-  tf = impl == 'tf_model_garden'
-  names = TF_AUTOAUGMENT_OPS if tf else AUTOAUGMENT_OPS
   table = AUTOAUGMENT_POLICIES[policy]          # [S] rows of (op, p, bin) x 2.
-  ops = jnp.asarray([[names.index(o) for o, _, _ in row] for row in table],
-                    jnp.int32)
+  # TF's ops extend the port's: one index serves both.
+  ops = jnp.asarray([[TF_AUTOAUGMENT_OPS.index(o) for o, _, _ in row]
+                     for row in table], jnp.int32)
   probs = jnp.asarray([[p for _, p, _ in row] for row in table], jnp.float32)
   bins = jnp.asarray([[b or 0 for _, _, b in row] for row in table], jnp.int32)
   k_sub, k_apply, k_sign = jax.random.split(rng, 3)
   sub = jax.random.randint(k_sub, (), 0, ops.shape[0])
   apply = jax.random.uniform(k_apply, (2,)) < probs[sub]
   op, b = ops[sub], bins[sub]
-  if tf:
-    signed = jnp.arange(len(names)) < _NUM_GEOMETRIC
-    negate = jax.random.bernoulli(k_sign, 0.5, (2,)) & signed[op]
+  if impl == 'tf_model_garden':
+    m = jnp.asarray(tf_autoaugment_args())[op, b]
+    negate = jax.random.bernoulli(k_sign, 0.5, (2,)) & (op < _NUM_GEOMETRIC)
+    return sub, op, jnp.where(negate, -m, m), apply
+  grid = jnp.asarray(autoaugment_grids(height, width))
+  u = jax.random.uniform(k_sign, (2,))
+  m = grid[op, b] + u * (grid[op, b + 1] - grid[op, b])
+  posterize = op == AUTOAUGMENT_OPS.index('Posterize')
+  return sub, op, jnp.where(posterize, jnp.round(m), m), apply
 
-    def magnitudes(height, width):
-      del height, width                 # TF's arguments ignore the size.
-      m = jnp.asarray(tf_autoaugment_args())[op, b]
-      return jnp.where(negate, -m, m)
-  else:
-    u = jax.random.uniform(k_sign, (2,))
 
-    def magnitudes(height, width):
-      grid = jnp.asarray(autoaugment_grids(height, width))
-      m = grid[op, b] + u * (grid[op, b + 1] - grid[op, b])
-      posterize = op == AUTOAUGMENT_OPS.index('Posterize')
-      return jnp.where(posterize, jnp.round(m), m)
-
-  return sub, op, magnitudes, apply
+# Cutout's keys: folded from the draw's key, apart from its three splits.
+_TF_CUTOUT_STREAM = 0x43757430
 
 
 def autoaugment(rng, image, *, policy='cifar10', impl='pytorch_auto_augment'):
-  """One AutoAugment draw on one image [H, W, C] in [0, 1], C = 1 or 3.
-  Posterize, solarize and equalize round to 8-bit levels; the other value
-  ops stay float (within two levels of PIL's uint8 ops)."""
-  if impl == 'tf_model_garden':
-    return tf_autoaugment(rng, image, policy=policy)
-  h, w, _ = image.shape
-  _, ops, magnitudes, apply = autoaugment_draw(rng, policy, impl)
-  m = magnitudes(h, w)
+  """One AutoAugment draw on one image [H, W, C] in [0, 1], C = 1 or 3. The
+  port rounds posterize, solarize and equalize to 8-bit levels, keeps its
+  other value ops float (within 2 levels of PIL's); TF's run on levels."""
+  _, ops, m, apply = autoaugment_draw(rng, *image.shape[:2], policy, impl)
+  tf = impl == 'tf_model_garden'
+  image = _tf_levels(image) if tf else image
   for slot in range(2):
-    image = jnp.where(apply[slot],
-                      autoaugment_op(image, ops[slot], m[slot], impl), image)
-  return image
+    key = jax.random.fold_in(rng, _TF_CUTOUT_STREAM + slot)
+    out = (tf_autoaugment_op(image, ops[slot], m[slot], key) if tf
+           else autoaugment_op(image, ops[slot], m[slot]))
+    image = jnp.where(apply[slot], out, image)
+  return image / 255. if tf else image
 
 
-# TF Model Garden ('tf_model_garden'): AutoAugment's defaults
-# translate_const = 250, cutout_const = 100; uint8 after every op.
-_TF_TRANSLATE_CONST = 250.
-_TF_CUTOUT_CONST = 100.
-_TF_REPLACE = 128.                  # Cutout's fill.
-
+# TF Model Garden ('tf_model_garden'): uint8 after every op.
 
 def tf_autoaugment_args() -> np.ndarray:
-  """[len(TF_AUTOAUGMENT_OPS), LEVELS]: TF's `level_to_arg` of each op at
-  level 0-10 (f = level / 10), before the geometric ops' random sign."""
-  f = np.arange(TF_AUTOAUGMENT_LEVELS, dtype=np.float64) / 10.
+  """[len(TF_AUTOAUGMENT_OPS), 11]: TF's `level_to_arg` of each op at
+  level 0-10 (f = level / 10), before the geometric ops' random sign, with
+  AutoAugment's defaults translate_const = 250, cutout_const = 100."""
+  f = np.arange(11, dtype=np.float64) / 10.
   enhance = f * 1.8 + 0.1
   none = np.zeros_like(f)
-  rows = {
-      'ShearX': f * 0.3, 'ShearY': f * 0.3, 'Rotate': f * 30.,
-      'TranslateX': f * _TF_TRANSLATE_CONST,
-      'TranslateY': f * _TF_TRANSLATE_CONST,
-      'Brightness': enhance, 'Color': enhance, 'Contrast': enhance,
-      'Sharpness': enhance, 'AutoContrast': none, 'Equalize': none,
-      'Invert': none, 'Posterize': np.trunc(f * 4.),
-      'Solarize': np.trunc(f * 256.), 'SolarizeAdd': np.trunc(f * 110.),
-      'Cutout': np.trunc(f * _TF_CUTOUT_CONST)}
+  rows = {'ShearX': f * 0.3, 'ShearY': f * 0.3, 'Rotate': f * 30.,
+          'TranslateX': f * 250., 'TranslateY': f * 250.,
+          'Brightness': enhance, 'Color': enhance, 'Contrast': enhance,
+          'Sharpness': enhance, 'AutoContrast': none, 'Equalize': none,
+          'Invert': none, 'Posterize': np.trunc(f * 4.),
+          'Solarize': np.trunc(f * 256.), 'SolarizeAdd': np.trunc(f * 110.),
+          'Cutout': np.trunc(f * 100.)}
   return np.stack([rows[op] for op in TF_AUTOAUGMENT_OPS]).astype(np.float32)
 
 
@@ -411,8 +351,6 @@ def _f32(x):
 def _tf_reflect(coord, size: int):
   """TF's FILL_REFLECT of a coordinate (`MapCoordinate`, image_ops.h),
   clamped to [0, size - 1]."""
-  if size <= 1:
-    return jnp.zeros_like(coord)
   period = 2. * size
   low = coord + period * jnp.trunc(-coord / period)          # In (-2n, 0].
   low = jnp.where(low < -size, low + period, -low - 1.)
@@ -446,15 +384,14 @@ def _tf_geometric_matrix(op, arg, height, width):
   w1, h1 = jnp.float32(width - 1), jnp.float32(height - 1)
   x_off = (w1 - (_f32(c * w1) - _f32(s * h1))) / 2.
   y_off = (h1 - (_f32(s * w1) + _f32(c * h1))) / 2.
-  candidates = jnp.stack([
+  return jnp.stack([
       jnp.array([[one, m, zero], [zero, one, zero]]),              # ShearX
       jnp.array([[one, zero, zero], [m, one, zero]]),              # ShearY
       jnp.array([[one, zero, m], [zero, one, zero]]),              # TranslateX
       jnp.array([[one, zero, zero], [zero, one, m]]),              # TranslateY
       jnp.array([[c, -s, x_off], [s, c, y_off]]),                  # Rotate
       jnp.array([[one, zero, zero], [zero, one, zero]]),           # identity
-  ])
-  return candidates[jnp.minimum(op, _NUM_GEOMETRIC)]
+  ])[jnp.minimum(op, _NUM_GEOMETRIC)]
 
 
 def _tf_blend(degenerate, levels, factor):
@@ -463,25 +400,14 @@ def _tf_blend(degenerate, levels, factor):
                             0., 255.))
 
 
-def _tf_grayscale(levels):
-  """`tf.image.rgb_to_grayscale` of uint8 [H, W, 3] -> [H, W] levels."""
-  weights = jnp.asarray([0.2989, 0.5870, 0.1140], jnp.float32)
-  gray = (levels * jnp.float32(1. / 255.)) @ weights
-  return jnp.floor(gray * jnp.float32(255.5))
-
-
 def _tf_color(levels, factor, _):
+  """Blend with `tf.image.rgb_to_grayscale`: levels / 255 weighted, x 255.5."""
   if levels.shape[-1] == 1:
     return levels
-  return _tf_blend(_tf_grayscale(levels)[..., None], levels, factor)
-
-
-def _tf_contrast(levels, factor, _):
-  """Blend with TF's 'mean': its histogram sum / 256, i.e. H W / 256 clipped
-  to 255 and truncated, whatever the image."""
-  h, w = levels.shape[:2]
-  return _tf_blend(jnp.float32(math.floor(min(h * w / 256., 255.))), levels,
-                   factor)
+  weights = jnp.asarray([0.2989, 0.5870, 0.1140], jnp.float32)
+  gray = jnp.floor((levels * jnp.float32(1. / 255.)) @ weights
+                   * jnp.float32(255.5))
+  return _tf_blend(gray[..., None], levels, factor)
 
 
 def _tf_sharpness(levels, factor, _):
@@ -489,62 +415,53 @@ def _tf_sharpness(levels, factor, _):
   TF's depthwise conv), truncated; the border keeps its levels."""
   h, w = levels.shape[:2]
   w1, w5 = jnp.float32(1.) / 13., jnp.float32(5.) / 13.
-  smooth = jnp.zeros((h - 2, w - 2, levels.shape[-1]), jnp.float32)
-  for dy in (0, 1, 2):
-    for dx in (0, 1, 2):
-      weight = w5 if (dy, dx) == (1, 1) else w1
-      smooth = smooth + weight * levels[dy:h - 2 + dy, dx:w - 2 + dx]
+  smooth = sum((w5 if (dy, dx) == (1, 1) else w1)
+               * levels[dy:h - 2 + dy, dx:w - 2 + dx]
+               for dy in (0, 1, 2) for dx in (0, 1, 2))
   degenerate = levels.at[1:-1, 1:-1].set(jnp.floor(jnp.clip(smooth, 0., 255.)))
   return _tf_blend(degenerate, levels, factor)
 
 
-def _tf_posterize(levels, bits, _):
-  """(x >> s) << s, s = 8 - bits clamped to 7 as TF's CPU kernels do."""
-  step = jnp.exp2(jnp.clip(8. - bits, 0., 7.))
-  return jnp.floor(levels / step) * step
-
-
-def _tf_solarize(levels, threshold, _):
-  """Inverts levels >= threshold mod 256 (TF's uint8 cast: 256 inverts all)."""
-  return jnp.where(levels < jnp.mod(threshold, 256.), levels, 255. - levels)
-
-
 def _tf_autocontrast(levels, _, __):
   """Per channel x * 255 / (hi - lo) - lo * 255 / (hi - lo), truncated."""
-  lo = jnp.min(levels, axis=(0, 1))
-  hi = jnp.max(levels, axis=(0, 1))
+  lo, hi = jnp.min(levels, axis=(0, 1)), jnp.max(levels, axis=(0, 1))
   scale = jnp.float32(255.) / jnp.where(hi > lo, hi - lo, 1.)
   offset = -lo * scale
   out = jnp.floor(jnp.clip(_f32(levels * scale) + offset, 0., 255.))
   return jnp.where(hi > lo, out, levels)
 
 
-def _tf_equalize(levels, _, __):
-  out = jax.vmap(_equalize_channel, in_axes=-1, out_axes=-1)(
-      levels.astype(jnp.int32))
-  return out.astype(jnp.float32)
-
-
 def _tf_cutout(levels, pad_size, key):
   """Fills [cy - pad, cy + pad) x [cx - pad, cx + pad) with 128, the centre
   uniform over the pixels."""
   h, w = levels.shape[:2]
-  k_y, k_x = jax.random.split(key)
-  cy = jax.random.randint(k_y, (), 0, h)
-  cx = jax.random.randint(k_x, (), 0, w)
+  cy, cx = (jax.random.randint(k, (), 0, n)
+            for k, n in zip(jax.random.split(key), (h, w)))
   pad = jnp.asarray(pad_size, jnp.float32).astype(jnp.int32)
-  rows = jnp.arange(h)[:, None, None]
-  cols = jnp.arange(w)[None, :, None]
+  rows, cols = jnp.arange(h)[:, None, None], jnp.arange(w)[None, :, None]
   inside = ((rows >= cy - pad) & (rows < cy + pad)
             & (cols >= cx - pad) & (cols < cx + pad))
-  return jnp.where(inside, _TF_REPLACE, levels)
+  return jnp.where(inside, 128., levels)
 
 
 _TF_VALUE_OPS = (
     lambda levels, _, __: levels,
     lambda levels, f, _: _tf_blend(jnp.zeros_like(levels), levels, f),
-    _tf_color, _tf_contrast, _tf_sharpness, _tf_posterize, _tf_solarize,
-    _tf_autocontrast, _tf_equalize, lambda levels, _, __: 255. - levels,
+    _tf_color,
+    # Contrast: blends with TF's 'mean', its histogram sum / 256, i.e.
+    # H W / 256 clipped to 255 and truncated, whatever the image.
+    lambda levels, f, _: _tf_blend(jnp.float32(math.floor(min(
+        levels.shape[0] * levels.shape[1] / 256., 255.))), levels, f),
+    _tf_sharpness,
+    # (x >> s) << s, s = 8 - bits clamped to 7 as TF's CPU kernels do.
+    lambda levels, bits, _: _posterize(levels, jnp.clip(8. - bits, 0., 7.)),
+    # Inverts levels >= threshold mod 256 (TF's uint8 cast: 256 inverts all).
+    lambda levels, t, _: jnp.where(levels < jnp.mod(t, 256.), levels,
+                                   255. - levels),
+    _tf_autocontrast,
+    lambda levels, _, __: _equalize(levels.astype(jnp.int32)).astype(
+        jnp.float32),
+    lambda levels, _, __: 255. - levels,
     lambda levels, add, _: jnp.where(                       # SolarizeAdd
         levels < 128., jnp.clip(levels + add, 0., 255.), levels),
     _tf_cutout)
@@ -560,21 +477,3 @@ def tf_autoaugment_op(levels, op, arg, key):
   return jax.lax.switch(index, _TF_VALUE_OPS, warped,
                         jnp.asarray(arg, jnp.float32), key)
 
-
-# Cutout's keys: folded from the draw's key, apart from its three splits.
-_TF_CUTOUT_STREAM = 0x43757430
-
-
-def tf_autoaugment(rng, image, *, policy='v0'):
-  """TF's `AutoAugment(policy).distort` on one image [H, W, C] in [0, 1]:
-  float32 on the 256 levels, integer ops exact, float ones to rounding."""
-  h, w, _ = image.shape
-  _, ops, magnitudes, apply = autoaugment_draw(rng, policy, 'tf_model_garden')
-  args = magnitudes(h, w)
-  levels = _tf_levels(image)
-  for slot in range(2):
-    key = jax.random.fold_in(rng, _TF_CUTOUT_STREAM + slot)
-    levels = jnp.where(apply[slot],
-                       tf_autoaugment_op(levels, ops[slot], args[slot], key),
-                       levels)
-  return levels / 255.

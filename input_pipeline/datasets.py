@@ -2,14 +2,12 @@
 
 Debian's `dataset-fashion-mnist` ships upstream's compressed streams with
 rewritten gzip headers; restoring the upstream FNAME and MTIME gives the
-byte-identical files, which TFDS accepts through `DownloadConfig(manual_dir)`
-with its checksums verified. A dataset that is neither prepared nor
-buildable fails before training with the fix (docs/input_pipeline.md).
+byte-identical files, which TFDS accepts (checksums verified) as a manual
+dir. docs/input_pipeline.md.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import pathlib
@@ -32,9 +30,8 @@ _FASHION_MNIST_MTIME = {
     't10k-labels-idx1-ubyte.gz': 1504176627,
 }
 
-_GZIP_MAGIC = b'\x1f\x8b'
-_FNAME = 0x08
-_FEXTRA, _FCOMMENT, _FHCRC = 0x04, 0x10, 0x02
+_GZIP_DEFLATE = b'\x1f\x8b\x08'   # ID1 ID2 CM; then the flags (RFC 1952).
+_FNAME, _OPTIONAL_FIELDS = 0x08, 0x1e   # FHCRC | FEXTRA | FNAME | FCOMMENT.
 
 _OFFLINE_HINT = {
     'fashion_mnist': ('install the Debian package: apt-get install '
@@ -53,15 +50,14 @@ class DatasetUnavailableError(RuntimeError):
 def restore_gzip_header(data: bytes, *, fname: str, mtime: int) -> bytes:
   """`data`, a gzip file with a bare 10-byte header, with FNAME (latin-1)
   and MTIME set (RFC 1952 2.3); the stream and trailer are unchanged."""
-  if data[:3] != _GZIP_MAGIC + b'\x08':
+  if data[:3] != _GZIP_DEFLATE:
     raise ValueError('not a gzip (deflate) file: bad magic bytes.')
   flags = data[3]
-  if flags & (_FNAME | _FEXTRA | _FCOMMENT | _FHCRC):
+  if flags & _OPTIONAL_FIELDS:
     raise ValueError(f'gzip header flags {flags:#x} already carry optional '
                      'fields; expected a bare 10-byte header.')
-  header = (_GZIP_MAGIC + b'\x08' + bytes([flags | _FNAME]) +
-            struct.pack('<I', mtime) + data[8:10])
-  return header + fname.encode('latin-1') + b'\0' + data[10:]
+  return (_GZIP_DEFLATE + bytes([flags | _FNAME]) + struct.pack('<I', mtime)
+          + data[8:10] + fname.encode('latin-1') + b'\0' + data[10:])
 
 
 def prepare_fashion_mnist_manual_dir(
@@ -70,7 +66,6 @@ def prepare_fashion_mnist_manual_dir(
   """Writes the upstream Fashion-MNIST files into `manual_dir` from Debian's
   (files already there are kept) and returns it."""
   manual_dir = pathlib.Path(manual_dir)
-  manual_dir.mkdir(parents=True, exist_ok=True)
   for name, mtime in _FASHION_MNIST_MTIME.items():
     dst = manual_dir / name
     if dst.exists():
@@ -78,9 +73,7 @@ def prepare_fashion_mnist_manual_dir(
     data = (pathlib.Path(source_dir) / name).read_bytes()
     fixed = data if data[3] & _FNAME else restore_gzip_header(
         data, fname=name[:-len('.gz')], mtime=mtime)
-    tmp = dst.with_suffix('.tmp')
-    tmp.write_bytes(fixed)
-    tmp.replace(dst)  # Atomic: a killed run never leaves a half-written file.
+    storage.write_atomic(dst, fixed)   # A killed run leaves no half file.
   return manual_dir
 
 
@@ -120,7 +113,10 @@ def get_builder(name: str, data_dir: str | None = None, *,
       all((pathlib.Path(fashion_mnist_source) / n).exists()
           for n in _FASHION_MNIST_MTIME)):
     # One process builds; others starting at once wait and find it prepared.
-    with _build_lock(builder.data_dir_root, name):
+    os.makedirs(builder.data_dir_root, exist_ok=True)
+    lock = os.path.join(builder.data_dir_root, f'.{name}.build.lock')
+    with open(lock, 'w') as f:
+      fcntl.flock(f, fcntl.LOCK_EX)   # Released when the file closes.
       # Anew: a builder made before another process built holds empty info.
       builder = tfds.builder(name, data_dir=data_dir, file_format=FILE_FORMAT)
       if builder.is_prepared():
@@ -153,18 +149,6 @@ def get_builder(name: str, data_dir: str | None = None, *,
   return builder
 
 
-@contextlib.contextmanager
-def _build_lock(data_dir_root: str, name: str):
-  """An exclusive lock file (flock) for building `name` in `data_dir_root`."""
-  os.makedirs(data_dir_root, exist_ok=True)
-  with open(os.path.join(data_dir_root, f'.{name}.build.lock'), 'w') as f:
-    fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _network_available(hosts=('storage.googleapis.com', 'www.tensorflow.org')
                        ) -> bool:
   for host in hosts:
@@ -172,5 +156,5 @@ def _network_available(hosts=('storage.googleapis.com', 'www.tensorflow.org')
       socket.getaddrinfo(host, 443)
       return True
     except OSError:
-      continue
+      pass
   return False

@@ -19,9 +19,6 @@ from absl import logging
 
 from input_pipeline import pipeline
 
-RULES = ('linear', 'exponential')
-
-
 def kept_counts(class_counts, *, rule: str) -> np.ndarray:
   """[C] examples of each class the rule keeps, L = min(C, 10) levels."""
   class_counts = np.asarray(class_counts, np.int64)
@@ -34,7 +31,8 @@ def kept_counts(class_counts, *, rule: str) -> np.ndarray:
   if rule == 'exponential':
     return np.array([int(math.exp(l - num_levels) * n)
                      for l, n in zip(levels, class_counts)], np.int64)
-  raise ValueError(f'unknown imbalance rule {rule!r}; known: {RULES}.')
+  raise ValueError(f"unknown imbalance rule {rule!r}; known: ('linear', "
+                   "'exponential').")
 
 
 def sample_per_class(labels, counts, seed: int) -> np.ndarray:
@@ -48,25 +46,14 @@ def sample_per_class(labels, counts, seed: int) -> np.ndarray:
   return np.sort(np.concatenate(chosen))
 
 
-def imbalanced_indices(labels, *, rule: str, seed: int = 2021,
-                       num_classes: int | None = None) -> np.ndarray:
-  """Ascending indices of the examples the imbalanced subset keeps; `seed`
-  chooses which examples, never how many."""
-  labels = np.asarray(labels)
-  num_classes = int(labels.max()) + 1 if num_classes is None else num_classes
-  counts = np.bincount(labels, minlength=num_classes)
-  keep = kept_counts(counts, rule=rule)
-  return sample_per_class(labels, keep, seed)
-
-
 def imbalanced_subset(data: pipeline.ArrayDataset, *, rule: str = 'linear',
                       seed: int = 2021) -> pipeline.ArrayDataset:
-  """The imbalanced subset of `data`, in its order, renumbered; logs the
-  class counts."""
-  idx = imbalanced_indices(data.labels, rule=rule, seed=seed,
-                           num_classes=data.num_classes)
-  subset = data.take(idx)
-  counts = np.bincount(subset.labels, minlength=data.num_classes)
+  """The imbalanced subset of `data`, in its order, renumbered; `seed`
+  chooses which examples, never how many. Logs the class counts."""
+  counts = np.bincount(data.labels, minlength=data.num_classes)
+  subset = data.take(sample_per_class(
+      data.labels, kept_counts(counts, rule=rule), seed))
   logging.info('%s-imbalanced subset: %d of %d examples; per-class counts %s',
-               rule, subset.num_examples, data.num_examples, counts.tolist())
+               rule, subset.num_examples, data.num_examples,
+               np.bincount(subset.labels, minlength=data.num_classes).tolist())
   return subset

@@ -2,12 +2,10 @@
 
 Training order is a pure function of (seed, step): epoch e is the
 permutation `default_rng([seed, e])`, step s its s-th slice, so the step in a
-checkpoint is the whole input state. Each process reads only its contiguous
-part of every global batch (`process_slice`); the parts land on the mesh as
-one global array sharded along its first axis. At most `prefetch` host
-batches are in flight. Images stay uint8: views are augmented on the devices
-(`augment.augment_batch`). docs/input_pipeline.md.
-"""
+checkpoint is the whole input state. Each process reads its contiguous part
+of every global batch (`process_slice`); the parts land on the mesh as one
+array sharded along its first axis. Images stay uint8 (views are augmented
+on the devices). docs/input_pipeline.md."""
 
 from __future__ import annotations
 
@@ -27,15 +25,14 @@ from absl import logging
 
 @dataclasses.dataclass(frozen=True)
 class ArrayDataset:
-  """A split in host memory, a source (`sources.py`) of arrays.
-
-  An example's position is its id. `classes` names the ids (else they run to
-  the largest label); `skipped`: ids of undecodable records -> why.
-  """
+  """A split in host memory: an example's position is its id. `classes`
+  names the ids (else they run to the largest label); `skipped`: ids of
+  undecodable records -> why."""
   images: np.ndarray   # [M, H, W, C] uint8
   labels: np.ndarray   # [M] int32
   classes: tuple[str, ...] | None = None
   skipped: dict[int, str] = dataclasses.field(default_factory=dict)
+  in_memory = True   # Reading is a gather from host memory (no decoding).
 
   def __post_init__(self):
     if self.images.ndim != 4:
@@ -48,15 +45,12 @@ class ArrayDataset:
   def __len__(self) -> int:
     return self.images.shape[0]
 
-  @property
-  def num_examples(self) -> int:
-    return self.images.shape[0]
+  num_examples = property(__len__)
 
   @property
   def num_classes(self) -> int:
-    if self.classes is not None:
-      return len(self.classes)
-    return int(self.labels.max()) + 1
+    return (int(self.labels.max()) + 1 if self.classes is None
+            else len(self.classes))
 
   @property
   def image_shape(self) -> tuple[int, int, int]:
@@ -101,6 +95,7 @@ class Subset:
     self.num_classes = source.num_classes
     self.image_shape = source.image_shape
     self.classes = source.classes
+    self.in_memory = getattr(source, 'in_memory', False)
 
   def __len__(self) -> int:
     return len(self.indices)
@@ -108,18 +103,13 @@ class Subset:
   def with_threads(self, n: int) -> 'Subset':
     return Subset(self.source.with_threads(n), self.indices)
 
-  @property
-  def in_memory(self) -> bool:
-    return _in_memory(self.source)
-
   def note_skipped(self, found: dict[int, str]) -> None:
     self.source.note_skipped({int(self.indices[int(j)]): why
                               for j, why in found.items()})
 
   def read(self, indices, fit=None) -> dict[str, np.ndarray]:
-    ids = self.indices[np.asarray(indices, np.int64)]
-    return (self.source.read(ids) if fit is None
-            else self.source.read(ids, fit=fit))
+    return self.source.read(self.indices[np.asarray(indices, np.int64)],
+                            fit=fit)
 
   @property
   def skipped(self) -> dict[int, str]:
@@ -151,17 +141,6 @@ AUTO = -1   # config.dataset.num_workers: choose from the host (`decoding`).
 MAX_AUTO_WORKERS = 32
 
 
-def _in_memory(source) -> bool:
-  """Whether reading `source` is a gather from host memory (no decoding)."""
-  return isinstance(source, ArrayDataset) or getattr(source, 'in_memory',
-                                                     False)
-
-
-def _cores() -> int:
-  return (len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
-          else os.cpu_count() or 1)
-
-
 @dataclasses.dataclass(frozen=True)
 class Decoding:
   """`workers` decoding processes (0: this process) x `threads`, and why."""
@@ -183,9 +162,9 @@ def decoding(num_workers: int, *, cores: int | None = None,
   AUTO (-1): with accelerators, one single-threaded worker process per core
   (at most `MAX_AUTO_WORKERS`), free of the training loop's GIL; on the CPU
   backend, threads of the training process (one per core, at most 16).
-  N > 0: N processes sharing the cores. 0: threads of the training process.
-  """
-  cores = cores or _cores()
+  N > 0: N processes sharing the cores. 0: threads of this process."""
+  cores = cores or (len(os.sched_getaffinity(0)) if hasattr(
+      os, 'sched_getaffinity') else os.cpu_count() or 1)
   if num_workers > 0:
     return Decoding(num_workers, max(1, cores // num_workers),
                     'config.dataset.num_workers')
@@ -198,8 +177,8 @@ def decoding(num_workers: int, *, cores: int | None = None,
   backend = backend or jax.default_backend()
   if backend == 'cpu':
     return Decoding(0, min(16, cores), f'auto: {cores} cores, CPU devices')
-  return Decoding(min(cores, MAX_AUTO_WORKERS), max(1, cores //
-                                                     MAX_AUTO_WORKERS),
+  return Decoding(min(cores, MAX_AUTO_WORKERS),
+                  max(1, cores // MAX_AUTO_WORKERS),
                   f'auto: {cores} cores, {backend} devices')
 
 
@@ -220,6 +199,7 @@ class _HostBatch:
     return self.num_examples // self.global_batch_size
 
   def global_indices(self, step: int) -> np.ndarray:
+    """The example ids of the global batch at `step`, [global_batch_size]."""
     epoch, i = divmod(step, self.steps_per_epoch)
     b = self.global_batch_size
     return _permutation(self.seed, self.num_examples, epoch)[i * b:(i + 1) * b]
@@ -228,8 +208,7 @@ class _HostBatch:
     """The arrays, and under 'skipped' the batch's undecodable records."""
     local = process_slice(self.global_indices(step), self.process_index,
                           self.process_count)
-    batch = (self.source.read(local) if self.fit is None
-             else self.source.read(local, fit=self.fit.at(step)))
+    batch = self.source.read(local, fit=self.fit and self.fit.at(step))
     bad = getattr(self.source, 'skipped', None) or {}
     return {'image': batch['image'], 'label': batch['label'].astype(np.int32),
             'index': local.astype(np.int32),
@@ -240,10 +219,8 @@ class TrainBatches:
   """Global training batches as a pure function of the step.
 
   Each epoch's remainder is dropped, so every batch is full (MoCo's queue
-  needs it). `num_workers` (`decoding`) > 0 decodes in worker processes,
-  whose undecodable records reach `source.skipped` with the batch; an
-  in-memory source reads in this process. `fit` (`sources.training_fit`):
-  `RandomCrops` gives 'image' [B, V, H, W, C]; None, [B, H, W, C].
+  needs it). Worker processes (`decoding`) send their undecodable records
+  with the batch to `source.skipped`; an in-memory source reads in this one.
   """
 
   def __init__(self, source, *, global_batch_size: int, seed: int,
@@ -259,17 +236,15 @@ class TrainBatches:
       raise ValueError(f'batch size {global_batch_size} is not divisible by '
                        f'the {nproc} processes.')
     self.source = source
-    self.num_examples = num_examples
     self.global_batch_size = global_batch_size
-    self.seed = seed
     self.sharding = sharding
     self.prefetch = prefetch
-    self.decoding = None if _in_memory(source) else decoding(num_workers)
+    self.decoding = (None if getattr(source, 'in_memory', False) else
+                     decoding(num_workers))
     self.num_workers = self.decoding.workers if self.decoding else 0
     if self.decoding:
       logging.info('Input: decoding %s.', self.decoding)
-    # Workers decode with a copy on their share of the cores.
-    reader = source
+    reader = source   # Workers decode with a copy on their share of cores.
     if self.num_workers and hasattr(source, 'with_threads'):
       reader = source.with_threads(self.decoding.threads)
     self.host_batch = _HostBatch(reader, seed, num_examples,
@@ -277,20 +252,15 @@ class TrainBatches:
                                  fit)
     self.steps_per_epoch = self.host_batch.steps_per_epoch
 
-  def global_indices(self, step: int) -> np.ndarray:
-    """The example ids of the global batch at `step`, [global_batch_size]."""
-    return self.host_batch.global_indices(step)
-
   def __call__(self, step: int) -> dict[str, jax.Array]:
-    """{'image': [B,H,W,C] uint8 ([B,V,H,W,C] with host crops), 'label',
-    'index': [B]}."""
+    """{'image': [B, H, W, C] uint8 ([B, V, H, W, C] with `RandomCrops`),
+    'label', 'index': [B]}."""
     return self._on_mesh(self.host_batch(step))
 
   def _on_mesh(self, host: dict[str, Any]) -> dict[str, jax.Array]:
     skipped = host.pop('skipped')
-    if skipped and (self.num_workers or
-                    self.host_batch.source is not self.source):
-      self.source.note_skipped(skipped)   # Found by a worker's reader.
+    if skipped and self.num_workers:   # Found in a worker process.
+      self.source.note_skipped(skipped)
     return _to_mesh(host, self.sharding)
 
   def iterate(self, start_step: int, stop_step: int
@@ -322,7 +292,7 @@ class TrainBatches:
 
 def _ignore_sigint(worker_index: int, worker_count: int) -> None:
   """Ctrl-C is the training process's to handle (it saves, then stops the
-  workers), not a decoding worker's to die of."""
+  workers), not a worker's to die of."""
   del worker_index, worker_count
   signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -332,8 +302,7 @@ def eval_batches(source, *, batch_size: int, sharding: jax.sharding.Sharding
   """The whole split once, in order: {'image', 'label', 'mask'} on the mesh.
 
   The last batch is zero-padded with `mask` False (one compiled shape);
-  undecodable records (`source.skipped`) are masked too.
-  """
+  undecodable records (`source.skipped`) are masked too."""
   n = len(source)
   nproc, pid = jax.process_count(), jax.process_index()
   if batch_size % nproc:
@@ -346,11 +315,9 @@ def eval_batches(source, *, batch_size: int, sharding: jax.sharding.Sharding
     pad = len(ids) - int(valid.sum())
     if source.skipped:
       valid = valid & ~np.isin(ids, list(source.skipped))
-    host = {
+    yield _to_mesh({
         'image': np.concatenate([batch['image'], np.zeros(
             (pad,) + tuple(source.image_shape), np.uint8)]),
         'label': np.concatenate([batch['label'].astype(np.int32),
                                  np.zeros((pad,), np.int32)]),
-        'mask': valid,
-    }
-    yield _to_mesh(host, sharding)
+        'mask': valid}, sharding)

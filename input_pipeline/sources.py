@@ -2,12 +2,9 @@
 
 A source has `len`, `read(indices)` -> {'image': [B, H, W, C] uint8,
 'label': [B]}, `num_classes`, `image_shape`, `classes` (or None) and
-`skipped` ({id: why} of undecodable records, read as black images):
-`pipeline.ArrayDataset`, `TfdsSource` (ArrayRecord), `ImageFolder`
-(`root/<split>/<class>/*.jpg|png`) or `read_npz`. A *fit* makes each decoded
-image an array: `CenterSquare` (plain reads) or `RandomCrops` (training's
-crops of the full image). docs/input_pipeline.md.
-"""
+`skipped` ({id: why}: undecodable records, read as black images). A *fit*
+(`CenterSquare`, `RandomCrops`) makes each decoded image an array.
+docs/input_pipeline.md."""
 
 from __future__ import annotations
 
@@ -29,9 +26,8 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 from PIL import UnidentifiedImageError
-# Imported with this module, never first inside a function: TFDS imports
-# under etils' `lazy_imports` (a patched `builtins.__import__`), and a garbage
-# collection in that window fails multiprocessing's finalizers.
+# Imported here, never first in a function: a garbage collection during
+# TFDS's lazy imports (a patched `__import__`) fails multiprocessing.
 import tensorflow_datasets as tfds
 from absl import logging
 
@@ -45,17 +41,15 @@ _BILINEAR = Image.Resampling.BILINEAR
 
 def _to_channels(image: np.ndarray, channels: int) -> np.ndarray:
   """[H, W, c] uint8 -> [H, W, channels]: grey repeated, or RGB's luma."""
-  if image.shape[-1] != channels:
-    if channels == 3 and image.shape[-1] == 1:
-      image = np.repeat(image, 3, axis=-1)
-    elif channels == 1 and image.shape[-1] == 3:
-      # ITU-R 601 luma, as PIL's convert('L').
-      image = np.round(image @ np.array([0.299, 0.587, 0.114])).astype(
-          np.uint8)[..., None]
-    else:
-      raise ValueError(f'cannot convert {image.shape[-1]} channels to '
-                       f'{channels}.')
-  return image
+  have = image.shape[-1]
+  if have == channels:
+    return image
+  if (have, channels) == (1, 3):
+    return np.repeat(image, 3, axis=-1)
+  if (have, channels) == (3, 1):   # ITU-R 601 luma, as PIL's convert('L').
+    return np.round(image @ np.array([0.299, 0.587, 0.114])).astype(
+        np.uint8)[..., None]
+  raise ValueError(f'cannot convert {have} channels to {channels}.')
 
 
 def _pil(image: np.ndarray) -> Image.Image:
@@ -69,29 +63,26 @@ def _array(pil: Image.Image) -> np.ndarray:
 
 def fit_square(image: np.ndarray, size: int | None, channels: int,
                fraction: float = 1.0, squash: bool = False) -> np.ndarray:
-  """[H, W(, C)] uint8 -> [size, size, channels] uint8.
-
-  torchvision's Resize(size / fraction) + CenterCrop(size); `squash`:
-  Resize((size, size)), fraction 1. None keeps the image's own size.
-  """
+  """[H, W(, C)] uint8 -> [size, size, channels] uint8: torchvision's
+  Resize(size / fraction) + CenterCrop(size), or with `squash` (fraction 1)
+  Resize((size, size)); size None keeps the image's own size."""
   if image.ndim == 2:
     image = image[..., None]
   if squash and fraction != 1:
     raise ValueError('a squashed image keeps all of it: the centre crop '
                      f'fraction must be 1, not {fraction}.')
-  if size is not None and squash:
-    if image.shape[:2] != (size, size):
-      image = _array(_pil(image).resize((size, size), _BILINEAR))
-  elif size is not None and (image.shape[:2] != (size, size) or fraction != 1):
-    target = size if fraction == 1 else round(size / fraction)
+  if size is not None and (image.shape[:2] != (size, size) or fraction != 1):
+    target = round(size / fraction)
     h, w = image.shape[:2]
     scale = target / min(h, w)
     new_h, new_w = max(target, round(h * scale)), max(target, round(w * scale))
+    if squash:   # Resize((size, size)): the whole image, nothing cropped.
+      new_h = new_w = size
     # PIL's bilinear filter antialiases when reducing, as torchvision's.
     image = _array(_pil(image).resize((new_w, new_h), _BILINEAR))
     top, left = (new_h - size) // 2, (new_w - size) // 2
     image = image[top:top + size, left:left + size]
-  elif fraction != 1 or squash:
+  elif size is None and (fraction != 1 or squash):
     raise ValueError('a centre crop fraction or a squash needs a size to '
                      'resize to.')
   return np.ascontiguousarray(_to_channels(image, channels), dtype=np.uint8)
@@ -110,9 +101,8 @@ def crop_box(rng: np.random.Generator, height: int, width: int,
     w = round(math.sqrt(target * aspect))
     h = round(math.sqrt(target / aspect))
     if 0 < w <= width and 0 < h <= height:
-      top = int(rng.integers(0, height - h + 1))
-      left = int(rng.integers(0, width - w + 1))
-      return top, left, h, w
+      return (int(rng.integers(0, height - h + 1)),
+              int(rng.integers(0, width - w + 1)), h, w)
   in_ratio = width / height
   if in_ratio < min(ratio):
     w, h = width, round(width / min(ratio))
@@ -135,18 +125,13 @@ class CenterSquare:
     return self
 
   def reduction(self, index: int, size: int):
-    """(height, width) -> the largest JPEG reduction keeping the resized
+    """(height, width) -> the largest JPEG reduction keeping the resize's
     shorter side."""
-    del index
     least = round(size / self.fraction)
     return lambda height, width: jpeg_reduction(min(height, width) / least)
 
-  def shape(self, image_shape) -> tuple[int, ...]:
-    return tuple(image_shape)
-
   def __call__(self, image, index: int, size: int, channels: int,
                full_size=None):
-    del index, full_size
     return fit_square(image, size, channels, self.fraction, self.squash)
 
 
@@ -160,8 +145,7 @@ class RandomCrops:
 
   boxes: per view, (crop_scale, crop_ratio), or None for the whole square.
   View v of example i draws from `default_rng([_CROP_STREAM, seed, step, i,
-  v])` alone, so any number of processes reads the same crops.
-  """
+  v])` alone, so any number of processes reads the same crops."""
   boxes: tuple[tuple[tuple[float, float], tuple[float, float]] | None, ...]
   seed: int
   step: int = 0
@@ -171,34 +155,22 @@ class RandomCrops:
     return dataclasses.replace(self, step=int(step))
 
   def _boxes(self, index: int, height: int, width: int):
-    out = []
-    for v, box in enumerate(self.boxes):
-      if box is None:
-        out.append(None)
-        continue
-      rng = np.random.default_rng([_CROP_STREAM, self.seed, self.step,
-                                   int(index), v])
-      out.append(crop_box(rng, height, width, *box))
-    return out
+    return [None if box is None else crop_box(
+        np.random.default_rng([_CROP_STREAM, self.seed, self.step,
+                               int(index), v]), height, width, *box)
+            for v, box in enumerate(self.boxes)]
 
   def reduction(self, index: int, size: int):
-    """(height, width) -> the largest JPEG reduction keeping every crop box
-    (the shorter side without one) >= `size`."""
-    def reduce(height, width):
-      sides = [min(b[2], b[3]) if b else min(height, width)
-               for b in self._boxes(index, height, width)]
-      return jpeg_reduction(min(sides) / size)
-    return reduce
-
-  def shape(self, image_shape) -> tuple[int, ...]:
-    return (len(self.boxes),) + tuple(image_shape)
+    """(height, width) -> the largest JPEG reduction keeping every box's
+    shorter side (the image's, for a None box) >= `size`."""
+    return lambda height, width: jpeg_reduction(min(
+        min(b[2], b[3]) if b else min(height, width)
+        for b in self._boxes(index, height, width)) / size)
 
   def __call__(self, image, index: int, size: int, channels: int,
                full_size=None):
     """`image` decoded from a `full_size` file (None: its own size); boxes
     are drawn in the file's pixels, whatever the decode's reduction."""
-    if image.ndim == 2:
-      image = image[..., None]
     image = _to_channels(image, channels)
     height, width = full_size or image.shape[:2]
     # libjpeg's reduced pixel i covers the file's [i k, (i + 1) k).
@@ -220,24 +192,18 @@ class RandomCrops:
     return np.ascontiguousarray(np.stack(views), dtype=np.uint8)
 
 
-TRAIN_CROP_SOURCES = ('center_square', 'full_image')
-RESIZES = ('shorter_side', 'squash')
-
-
 def training_fit(dataset_config, views=None, seed: int = 0):
   """The fit of training reads: `RandomCrops` of `views` (full_image), the
   whole square when evaluation's fraction is below 1, else None (plain)."""
   dc = dataset_config
-  squash = dc.resize == 'squash'
   if dc.train_crop_source == 'full_image' and views is not None:
     return RandomCrops(tuple(
         None if v.crop_scale is None else
         (tuple(float(x) for x in v.crop_scale),
          tuple(float(x) for x in v.crop_ratio)) for v in views), int(seed),
-                       squash=squash)
-  if dc.eval_crop_fraction != 1:   # Never with a squash (its fraction is 1).
-    return CenterSquare()
-  return None
+                       squash=dc.resize == 'squash')
+  # Never with a squash (its fraction is 1).
+  return CenterSquare() if dc.eval_crop_fraction != 1 else None
 
 
 def source_fit(dataset_config) -> CenterSquare:
@@ -251,12 +217,11 @@ def check_crop_options(dataset_config) -> None:
   source, an `image_size`, and (crops, fractions) a streamed split."""
   dc = dataset_config
   crop_source, fraction = dc.train_crop_source, float(dc.eval_crop_fraction)
-  if crop_source not in TRAIN_CROP_SOURCES:
-    raise ValueError(f'config.dataset.train_crop_source={crop_source!r}; use '
-                     f'one of {", ".join(TRAIN_CROP_SOURCES)}.')
-  if dc.resize not in RESIZES:
-    raise ValueError(f'config.dataset.resize={dc.resize!r}; use one of '
-                     f'{", ".join(RESIZES)}.')
+  for key, known in (('train_crop_source', ('center_square', 'full_image')),
+                     ('resize', ('shorter_side', 'squash'))):
+    if getattr(dc, key) not in known:
+      raise ValueError(f'config.dataset.{key}={getattr(dc, key)!r}; use one '
+                       f'of {", ".join(known)}.')
   if not 0 < fraction <= 1:
     raise ValueError(f'config.dataset.eval_crop_fraction={fraction} must be '
                      'in (0, 1] (0.875: Resize(256) + CenterCrop(224)).')
@@ -271,9 +236,7 @@ def check_crop_options(dataset_config) -> None:
       ("train_crop_source='full_image'", crop_source == 'full_image'),
       (f'eval_crop_fraction={fraction}', fraction != 1),
       ("resize='squash'", squash)) if on]
-  if not asked:
-    return
-  if dc.name == 'npz':
+  if asked and dc.name == 'npz':
     raise ValueError(
         f'config.dataset.{" and ".join(asked)} act where the host decodes '
         'each image, but an npz split holds fixed squares '
@@ -286,7 +249,7 @@ def check_crop_options(dataset_config) -> None:
         'each image, but this split is held in memory as fixed squares '
         '(config.dataset.in_memory); stream it: config.dataset.in_memory='
         'False with an image folder or a TFDS dataset.')
-  if not dc.image_size:
+  if asked and not dc.image_size:
     raise ValueError(
         f'config.dataset.{" and ".join(asked)} resize each image to '
         'config.dataset.image_size, but image_size is None (the dataset\'s '
@@ -295,22 +258,15 @@ def check_crop_options(dataset_config) -> None:
 
 def jpeg_reduction(ratio: float) -> int:
   """The largest JPEG DCT scale reduction (1, 2, 4 or 8) at most `ratio`."""
-  for k in (8, 4, 2):
-    if ratio >= k:
-      return k
-  return 1
+  return next((k for k in (8, 4, 2) if ratio >= k), 1)
 
 
 def load_image(path, channels: int, reduction=None
                ) -> tuple[np.ndarray, tuple[int, int]]:
   """An image file (a path, or its bytes) -> ([H, W, C] uint8, the file's
-  (height, width)), C 1 or 3 (or 4).
-
-  Palettes and CMYK convert to grey/RGB, alpha drops, 16-bit grey scales by
-  255 / 65535. `reduction`: (height, width) -> k, a JPEG decoded at 1/k.
-  RGB-decodable JPEGs go through simplejpeg (libjpeg-turbo: PIL's pixels,
-  faster); the rest through PIL.
-  """
+  (height, width)), C = `channels` (1, 3 or 4); `reduction`: (height, width)
+  -> k, a JPEG decoded at 1/k. simplejpeg decodes RGB JPEGs (PIL's pixels,
+  faster), PIL the rest; 16-bit grey scales by 255 / 65535."""
   data = path if isinstance(path, bytes) else storage.read_bytes(path)
   if channels == 3 and data[:2] == b'\xff\xd8':
     try:
@@ -319,10 +275,9 @@ def load_image(path, channels: int, reduction=None
       # simplejpeg picks 1/k itself unless a side is under 8 k.
       if colorspace in ('YCbCr', 'RGB', 'Gray') and min(height,
                                                           width) >= 8 * k:
-        image = simplejpeg.decode_jpeg(
+        return simplejpeg.decode_jpeg(
             data, colorspace='RGB', min_height=-(-height // k),
-            min_width=-(-width // k))
-        return image, (height, width)
+            min_width=-(-width // k)), (height, width)
     except ValueError:
       pass   # Corrupt or unusual (or a libjpeg warning): PIL decides.
   mode = {1: 'L', 3: 'RGB', 4: 'RGBA'}.get(channels)
@@ -351,18 +306,16 @@ def load_image(path, channels: int, reduction=None
 
 
 class _ThreadedReader:
-  """Reads examples on a thread pool (decoders release the GIL).
-
-  `skipped` is replaced, never changed in place, so readers on other
-  threads iterate over a consistent dict.
-  """
+  """Reads examples on a thread pool (decoders release the GIL); `skipped`
+  is replaced, never changed in place, so other threads see a whole dict."""
 
   num_threads: int = min(16, os.cpu_count() or 1)
   _pool: concurrent.futures.ThreadPoolExecutor | None = None
-  classes: tuple[str, ...] | None = None
-  fit: CenterSquare = CenterSquare()
 
-  def __init__(self):
+  def __init__(self, fit, image_size: int, channels: int):
+    self.fit = fit
+    self.image_shape = (image_size, image_size, channels)
+    self._size, self._channels = image_size, channels
     self.skipped: dict[int, str] = {}
     self._skipped_lock = threading.Lock()
 
@@ -388,35 +341,39 @@ class _ThreadedReader:
       self._skip(int(i), why, log=False)
 
   def __getstate__(self):   # Pickled to worker processes: no pool or lock.
-    state = dict(self.__dict__)
-    state.pop('_pool', None)
-    state.pop('_skipped_lock', None)
-    return state
+    return {k: v for k, v in self.__dict__.items()
+            if k not in ('_pool', '_skipped_lock')}
 
   def __setstate__(self, state):
     self.__dict__.update(state)
     self._skipped_lock = threading.Lock()
+
+  def _decode(self, data, i: int, fit) -> np.ndarray:
+    """An image file (a path or its bytes) -> `fit`'s array of example i."""
+    image, full = load_image(data, self._channels, fit.reduction(i, self._size))
+    return fit(image, i, self._size, self._channels, full_size=full)
 
   def _read_chunk(self, indices: list[int], fit
                   ) -> list[tuple[np.ndarray, int]]:
     return [self._read_one(i, fit) for i in indices]
 
   def read(self, indices: Sequence[int], fit=None) -> dict[str, np.ndarray]:
-    """{'image': [B, *fit.shape(image_shape)] uint8, 'label': [B]}."""
+    """{'image': [B, H, W, C] uint8 ([B, V, H, W, C] from `RandomCrops`),
+    'label': [B]}."""
     fit = self.fit if fit is None else fit
-    indices = [int(i) for i in np.asarray(indices)]
-    if self.num_threads == 1:    # A decoding worker process: no pool.
-      pairs = self._read_chunk(indices, fit) if indices else []
-    else:
+    chunks = [c.tolist() for c in np.array_split(
+        np.asarray(indices, np.int64), self.num_threads) if len(c)]
+    mapper = map
+    if self.num_threads > 1:    # Else a decoding worker process: no pool.
       if self._pool is None:
         self._pool = concurrent.futures.ThreadPoolExecutor(self.num_threads)
-      chunks = [c.tolist() for c in np.array_split(
-          np.asarray(indices, np.int64), self.num_threads) if len(c)]
-      pairs = [p for part in self._pool.map(
-          functools.partial(self._read_chunk, fit=fit), chunks)
-               for p in part]
-    if not pairs:
-      return {'image': np.zeros((0,) + fit.shape(self.image_shape), np.uint8),
+      mapper = self._pool.map
+    pairs = [p for part in mapper(functools.partial(
+        self._read_chunk, fit=fit), chunks) for p in part]
+    if not pairs:   # The shape of a fitted image, from a black one.
+      black = fit(np.zeros(self.image_shape, np.uint8), 0, self._size,
+                  self._channels)
+      return {'image': np.zeros((0,) + black.shape, np.uint8),
               'label': np.zeros((0,), np.int32)}
     return {'image': np.stack([p[0] for p in pairs]),
             'label': np.asarray([p[1] for p in pairs], np.int32)}
@@ -450,7 +407,7 @@ def _entries(path) -> list[str]:
 
 def _tree(path) -> dict[str, list[str]]:
   """{'': `_entries(path)`, d: `_entries` of each sub-folder d}; a remote
-  folder in one recursive listing, not a request per image."""
+  folder in one recursive listing, not a request per folder."""
   if not storage.is_remote(path):
     top = _entries(path)
     return {'': top, **{d: _entries(os.path.join(path, d))
@@ -485,18 +442,14 @@ def folder_classes(root: str | os.PathLike) -> tuple[str, ...]:
 class ImageFolder(_ThreadedReader):
   """`root/<split>/<class>/<file>` images (TFDS ImageFolder's layout).
 
-  Examples are the files in sorted (class, file) order, labelled by ids in
-  `classes` (the dataset's list, never this split's own). Hidden entries are
-  not data; non-image files are ignored with a warning; an undecodable file
-  reads as a black image and is recorded in `skipped`.
-  """
+  The files in sorted (class, file) order, labelled by ids in `classes` (the
+  dataset's list, not this split's). Hidden entries are not data, other
+  files are ignored with a warning, an undecodable one is `skipped`."""
 
   def __init__(self, root: str | os.PathLike, split: str, *,
                image_size: int, channels: int = 3,
                classes: Sequence[str] | None = None,
                fit: CenterSquare = CenterSquare()):
-    super().__init__()
-    self.fit = fit
     root = os.fspath(root).rstrip('/')
     split_dir = f'{root}/{split}'
     if not storage.path(split_dir).is_dir():
@@ -507,8 +460,10 @@ class ImageFolder(_ThreadedReader):
           '<config.dataset.data_dir>/<split>/<class>/<image>.')
     self.classes = tuple(folder_classes(root) if classes is None
                          else classes)
+    self.num_classes = len(self.classes)
     tree = _tree(split_dir)
-    found = _dirs(tree.get('', []))
+    top = tree.get('', [])
+    found = _dirs(top)
     unknown = sorted(set(found) - set(self.classes))
     if unknown:
       raise ValueError(
@@ -529,8 +484,8 @@ class ImageFolder(_ThreadedReader):
           labels.append(label)
         else:
           ignored.append(str(path).rstrip('?'))
-    ignored += [f'{split_dir}/{entry.rstrip("?")}' for entry in tree.get(
-        '', []) if not entry.endswith('/')]
+    ignored += [f'{split_dir}/{entry.rstrip("?")}' for entry in top
+                if not entry.endswith('/')]
     if ignored:
       logging.warning('%s: ignoring %d entries that are not %s files in a '
                       'class folder: %s', split_dir, len(ignored),
@@ -540,26 +495,18 @@ class ImageFolder(_ThreadedReader):
       raise FileNotFoundError(f'no {"/".join(IMAGE_EXTENSIONS)} images under '
                               f'{split_dir}/<class>/.')
     self.labels = np.asarray(labels, np.int32)
-    self.image_shape = (image_size, image_size, channels)
-    self._size, self._channels = image_size, channels
+    super().__init__(fit, image_size, channels)
 
   def __len__(self) -> int:
     return len(self.files)
 
-  @property
-  def num_classes(self) -> int:
-    return len(self.classes)
-
   def _read_one(self, i, fit):
     try:
-      image, full = load_image(self.files[i], self._channels,
-                               fit.reduction(i, self._size))
-      image = fit(image, i, self._size, self._channels, full_size=full)
+      image = self._decode(self.files[i], i, fit)
     except MemoryError:
       raise
     except Exception as e:  # pylint: disable=broad-except
-      # It concerns this one file: a deterministic substitute keeps the
-      # batch's shape and a resumed run's batches exact.
+      # A deterministic substitute keeps the batch's shape and resumes exact.
       self._skip(i, f'{self.files[i]} ({type(e).__name__}: {e})')
       image = fit(np.zeros(self.image_shape, np.uint8), i, self._size,
                   self._channels)
@@ -571,28 +518,23 @@ class TfdsSource(_ThreadedReader):
 
   def __init__(self, name: str, split: str, *, data_dir: str | None,
                image_size: int | None, fit: CenterSquare = CenterSquare()):
-    super().__init__()
-    self.fit = fit
     builder = datasets.get_builder(name, data_dir)
     if split not in builder.info.splits and '[' not in split:
       raise ValueError(f'{name!r} has no split {split!r}; splits: '
                        f'{", ".join(builder.info.splits)}.')
-    # Encoded bytes, decoded by `load_image` as a folder's files are (with
-    # the fit's reduction); from the builder, so no builder class is needed.
+    # Encoded bytes, decoded by `load_image` with the fit's reduction.
     self._source = builder.as_data_source(
         split=split, decoders={'image': tfds.decode.SkipDecoding()})
     features = builder.info.features
-    image = features['image']
-    self.num_classes = features['label'].num_classes
-    self.classes = tuple(features['label'].names)
+    image, label = features['image'], features['label']
+    self.num_classes, self.classes = label.num_classes, tuple(label.names)
     channels = image.shape[-1] or 3
     if image_size is None:
       if None in image.shape[:2]:
         raise ValueError(f'{name!r} has images of varying size; set '
                          'config.dataset.image_size.')
       image_size = image.shape[0]
-    self.image_shape = (image_size, image_size, channels)
-    self._size, self._channels = image_size, channels
+    super().__init__(fit, image_size, channels)
     # read_all's cache: local data_dirs only, keyed by the split, the build
     # time and the fit, so a rebuilt dataset is decoded anew.
     local = '://' not in str(builder.data_dir)
@@ -611,11 +553,8 @@ class TfdsSource(_ThreadedReader):
     return len(self._source)
 
   def read_all(self):
-    """The whole split as a `pipeline.ArrayDataset`, decoded once per machine.
-
-    Kept at `decoded_path` (written to a temporary file, then renamed); a
-    file that does not match the split is decoded anew.
-    """
+    """The whole split as a `pipeline.ArrayDataset`, decoded once per machine
+    into `decoded_path` (a file that does not match is decoded anew)."""
     if self.decoded_path is None:
       return super().read_all()
     try:
@@ -627,27 +566,18 @@ class TfdsSource(_ThreadedReader):
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):
       pass   # Absent or unreadable: decode.
     data = super().read_all()
-    tmp = f'{self.decoded_path}.{os.getpid()}.tmp'
+    buffer = io.BytesIO()
+    np.savez(buffer, image=data.images, label=data.labels)
     try:
-      os.makedirs(os.path.dirname(self.decoded_path), exist_ok=True)
-      with open(tmp, 'wb') as f:
-        np.savez(f, image=data.images, label=data.labels)
-      os.replace(tmp, self.decoded_path)
+      storage.write_atomic(self.decoded_path, buffer.getvalue())
     except OSError as e:
       logging.info('Not caching the decoded split (%s).', e)
-      if os.path.exists(tmp):
-        os.remove(tmp)
     return data
 
   def _read_chunk(self, indices, fit):
     # One batched ArrayRecord read: ~2x faster per record than one by one.
-    out = []
-    for i, ex in zip(indices, self._source.__getitems__(indices)):
-      image, full = load_image(ex['image'], self._channels,
-                               fit.reduction(i, self._size))
-      out.append((fit(image, i, self._size, self._channels, full_size=full),
-                  int(ex['label'])))
-    return out
+    return [(self._decode(ex['image'], i, fit), int(ex['label']))
+            for i, ex in zip(indices, self._source.__getitems__(indices))]
 
 
 _SLICE = re.compile(r'^([A-Za-z0-9_-]+)(?:\[(-?\d*):(-?\d*)\])?$')
@@ -664,15 +594,13 @@ def read_npz(root: str | os.PathLike, split: str):
   name, start, stop = match.groups()
   path = f'{os.fspath(root).rstrip("/")}/{name}.npz'
   try:
-    # A remote file is read whole first (np.load seeks).
-    data = (io.BytesIO(storage.read_bytes(path)) if storage.is_remote(path)
-            else open(path, 'rb'))   # pylint: disable=consider-using-with
+    data = io.BytesIO(storage.read_bytes(path))   # np.load seeks.
   except (FileNotFoundError, IsADirectoryError):
     have = [n[:-4] for n in _entries(root) if n.endswith('.npz')] if (
         storage.path(root).is_dir()) else []
     raise FileNotFoundError(f'npz split {path!r} does not exist (splits '
                             f'there: {", ".join(have) or "none"}).') from None
-  with data, np.load(data) as f:
+  with np.load(data) as f:
     if not {'image', 'label'} <= set(f.files):
       raise ValueError(f'{path} holds {f.files}; it needs the arrays "image" '
                        '[M, H, W, C] uint8 and "label" [M] int.')
@@ -697,12 +625,12 @@ def open_split(dataset_config, split: str,
   read whole into memory with `in_memory`."""
   dc = dataset_config
   check_crop_options(dc)
-  fit = source_fit(dc)
+  layout = {'npz': '<split>.npz', 'image_folder': '<split>/<class>/<image>'}
+  if dc.name in layout and not dc.data_dir:
+    raise ValueError(f'config.dataset.name="{dc.name}" reads <config.dataset.'
+                     f'data_dir>/{layout[dc.name]}; set config.dataset.'
+                     'data_dir.')
   if dc.name == 'npz':
-    if not dc.data_dir:
-      raise ValueError('config.dataset.name="npz" reads '
-                       '<config.dataset.data_dir>/<split>.npz; set '
-                       'config.dataset.data_dir.')
     data = read_npz(dc.data_dir, split)
     if dc.image_size and data.image_shape[:2] != (dc.image_size,) * 2:
       raise ValueError(f'config.dataset.image_size={dc.image_size} but the '
@@ -710,16 +638,12 @@ def open_split(dataset_config, split: str,
                        'that size or leave image_size unset (None).')
     return data
   if dc.name == 'image_folder':
-    if not dc.data_dir:
-      raise ValueError('config.dataset.name="image_folder" reads '
-                       '<config.dataset.data_dir>/<split>/<class>/<image>; '
-                       'set config.dataset.data_dir.')
     if not dc.image_size:
       raise ValueError('an image folder needs config.dataset.image_size '
                        '(its images are resized and centre-cropped to it).')
     source = ImageFolder(dc.data_dir, split, image_size=dc.image_size,
-                         classes=classes, fit=fit)
+                         classes=classes, fit=source_fit(dc))
   else:
     source = TfdsSource(dc.name, split, data_dir=dc.data_dir,
-                        image_size=dc.image_size, fit=fit)
+                        image_size=dc.image_size, fit=source_fit(dc))
   return source.read_all() if dc.in_memory else source

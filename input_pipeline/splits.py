@@ -1,10 +1,8 @@
 """Dataset variants from the config: a validation holdout and class imbalance.
 
-`config.dataset.validation_size` holds out a stratified part of the training
-split, chosen by the labels and `VALIDATION_SEED` alone (never config.seed),
-so every run is scored on the same examples. `config.dataset.imbalance`
-(`imbalance.py`) then thins the rest, so validation stays balanced like the
-test split.
+The holdout is stratified and chosen by the labels and `VALIDATION_SEED`
+alone (never config.seed), so every run is scored on the same examples; the
+imbalance then thins the rest, so validation stays balanced like the test.
 """
 
 from __future__ import annotations
@@ -18,15 +16,10 @@ VALIDATION_SEED = 20_231_013
 IMBALANCE_SEED = 2021   # The CACR code's sklearn shuffle's random_state.
 
 
-def stratified_counts(labels, size: int, num_classes: int | None = None
-                      ) -> np.ndarray:
-  """[C] examples of each class in a stratified sample of `size`.
-
+def stratified_counts(labels, size: int, num_classes: int) -> np.ndarray:
+  """[C] examples of each class in a stratified sample of `size`:
   floor(size * n_c / N), plus one for the classes with the largest
-  remainders (ties: lower id first), so the counts sum to `size`.
-  """
-  labels = np.asarray(labels)
-  num_classes = int(labels.max()) + 1 if num_classes is None else num_classes
+  remainders (ties: lower id first), so the counts sum to `size`."""
   counts = np.bincount(labels, minlength=num_classes).astype(np.int64)
   total = int(counts.sum())
   if not 0 <= size < total:

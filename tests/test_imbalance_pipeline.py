@@ -62,9 +62,11 @@ def test_cifar100_counts_per_group_of_ten_classes(rule, group, total):
 
 def test_uneven_classes_use_each_class_count():
   # Class c has 7 + 3c examples; 4 levels over 4 classes: keep l/4 of each.
-  labels = np.concatenate([np.full(7 + 3 * c, c) for c in range(4)])
-  idx = imbalance.imbalanced_indices(labels, rule='linear')
-  counts = np.bincount(labels[idx], minlength=4)
+  labels = np.concatenate([np.full(7 + 3 * c, c, np.int32) for c in range(4)])
+  data = pipeline.ArrayDataset(np.zeros((len(labels), 1, 1, 1), np.uint8),
+                               labels)
+  sub = imbalance.imbalanced_subset(data, rule='linear')
+  counts = np.bincount(sub.labels, minlength=4)
   want = [(c + 1) * (7 + 3 * c) // 4 for c in range(4)]   # 1, 5, 9, 16
   np.testing.assert_array_equal(counts, want)
 

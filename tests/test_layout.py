@@ -123,6 +123,25 @@ def test_every_method_module_is_registered_and_unknown_names_are_refused():
     methods.get('simclr')
 
 
+def test_each_method_section_of_the_base_config_is_its_methods_defaults():
+  # One place per default: configs/base.py takes config.moco and
+  # config.memory_bank from the method modules, and the methods' own
+  # dataclass fields start from the same values.
+  import dataclasses
+  from configs import base
+  from contrastive_jax.methods import memory_bank, moco
+  config = base.get_config()
+  for section, module in (('moco', moco), ('memory_bank', memory_bank)):
+    assert config[section].to_dict() == module.DEFAULTS
+    fields = {f.name: f.default for f in dataclasses.fields(module.Method)}
+    # moco.Method.momentum is the schedule built from two of the fields.
+    shared = set(fields) & set(module.DEFAULTS) - (
+        {'momentum'} if module is moco else set())
+    assert len(shared) >= 3, section
+    for name in shared:
+      assert fields[name] == module.DEFAULTS[name], (section, name)
+
+
 def test_a_saved_config_takes_the_defaults_and_names_renamed_options():
   from configs import base
   from contrastive_jax import config_lib

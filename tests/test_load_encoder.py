@@ -139,9 +139,8 @@ def test_help_describes_the_args_and_the_input_without_importing_jax():
   assert out.returncode == 0, out.stderr[-3000:]
   text, imported = out.stdout.rstrip().rsplit('\n', 1)
   assert imported == 'False'
-  for words in ('Args:', 'workdir:', 'step:', 'image_shape:', 'Returns:',
-                '[B, H, W, C]', 'one image [H, W, C]', 'uint8',
-                'Floats must lie in [0, 1]', 'channels first',
+  for words in ('`workdir`', '`step`', '`image_shape`', '[B, H, W, C]',
+                'one image', 'uint8', 'floats lie in', 'channels first',
                 'images.transpose(0, 2, 3, 1)', 'ValueError', '>>> '):
     assert words in text, words
 

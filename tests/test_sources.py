@@ -107,11 +107,12 @@ def test_prefetched_iteration_equals_direct_batches_and_resumes(folder):
     np.testing.assert_array_equal(np.asarray(got['image']),
                                   np.asarray(want['image']))
   # What each batch holds is exactly the source's examples at its ids.
-  ids = batches.global_indices(6)
+  ids = batches.host_batch.global_indices(6)
   np.testing.assert_array_equal(np.asarray(direct[6]['image']),
                                 src.read(ids)['image'])
   # An epoch visits distinct examples.
-  epoch = np.concatenate([batches.global_indices(s) for s in range(5)])
+  epoch = np.concatenate([batches.host_batch.global_indices(s)
+                          for s in range(5)])
   assert len(set(epoch.tolist())) == 40
 
 

@@ -242,7 +242,7 @@ def test_gs_workdir_trains_resumes_evaluates_and_loads(gcs, folder, tmp_path,
     assert f'{path}/{name}' in names, sorted(names)
   assert not any('.write_check' in n for n in names), names
   assert fs.exists(f'{path}/checkpoints/8/commit_success.txt')
-  # Orbax keeps the newest 3 (max_to_keep), deleting in the bucket too.
+  # Orbax keeps the newest 3, deleting in the bucket too.
   kept = sorted(int(n.rsplit('/', 1)[1]) for n in fs.ls(
       f'{path}/checkpoints', detail=False) if n.rsplit('/', 1)[1].isdigit())
   assert kept == sorted(set(range(2, 9, 2)) | {saved})[-3:], (saved, kept)

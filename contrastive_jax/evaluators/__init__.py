@@ -1,19 +1,8 @@
-"""Evaluation of frozen representations, as evaluators built from the config.
-
-`config.evals` lists the run's evaluators by name, each with its `type` (a
-key of `TYPES`), `every_steps` and the type's own fields:
-
-    config.evals.knn = dict(type='knn', every_steps=0, ks=(200,))
-    config.evals.linear = dict(type='logreg', every_steps=0, max_iter=50)
-    config.evals.online_knn = dict(type='knn', every_steps=200, ks=(20,),
-                                   bank_size=10000, num_queries=2000)
-
-`every_steps`: 0 runs it once after training on the trained encoder (and,
-with `config.eval.baselines`, raw pixels and the random initialisation), keys
-'<representation>/<metric>'; N > 0 every N steps and at the last, keys
-'online/<metric>'; -1 turns it off. Types: knn (`knn.py`), logreg
-(`logreg.py`), linear_eval (`linear_eval.py`), diagnostics
-(`diagnostics.py`); a new one is a `base.Evaluator` subclass in `TYPES`.
+"""Evaluators of frozen representations, built from `config.evals`, e.g.
+`config.evals.knn = dict(type='knn', every_steps=0, ks=(200,))`: `type` is
+a key of `TYPES`; `every_steps` 0 runs it once after training (keys
+'<representation>/<metric>'), N > 0 every N steps and at the last (keys
+'online/<metric>'), -1 never (docs/evaluation.md).
 """
 
 from __future__ import annotations
@@ -42,9 +31,6 @@ TYPES: dict[str, type[base.Evaluator]] = {
     cls.type: cls for cls in (knn.Knn, logreg.LogReg, linear_eval.LinearEval,
                               diagnostics.Diagnostics)}
 
-# Every entry's own fields besides the type's.
-COMMON = {'type': '', 'every_steps': 0}
-
 
 def entry_defaults(name: str, entry) -> dict[str, Any]:
   """The defaults of `config.evals.<name>`: the common fields and its type's."""
@@ -52,7 +38,7 @@ def entry_defaults(name: str, entry) -> dict[str, Any]:
   if kind not in TYPES:
     raise ValueError(f'config.evals.{name}.type={kind!r}; known: '
                      f'{", ".join(sorted(TYPES))}.')
-  return {**COMMON, **TYPES[kind].DEFAULTS}
+  return {'type': '', 'every_steps': 0, **TYPES[kind].DEFAULTS}
 
 
 def build(config) -> dict[str, base.Evaluator]:
@@ -66,7 +52,7 @@ def build(config) -> dict[str, base.Evaluator]:
 
 def validate(config, *, num_devices: int, num_train: int | None = None
              ) -> None:
-  """Each evaluator's own checks, and no two writing the same keys; raises
+  """Each evaluator's checks, and no two writing the same keys; raises
   `errors.ConfigError` with every problem found."""
   problems = errors.Problems()
   evaluators = build(config)
@@ -84,22 +70,13 @@ def validate(config, *, num_devices: int, num_train: int | None = None
   problems.raise_any()
 
 
-def _log(name: str, out: dict[str, float], times: dict[str, float]) -> None:
-  headline = [f'{k} {100 * v:.2f}%' for k, v in out.items()
-              if k.endswith('top1') or 'weighted_top1@' in k]
-  logging.info('%s: %s (%s)', name, ', '.join(headline), ', '.join(
-      f'{k} {v:.1f} s' for k, v in times.items()))
-
-
 def run_final(evaluators: dict[str, base.Evaluator], variables: dict[str, Any],
               env: base.Env, *, baselines: bool = True
               ) -> tuple[dict[str, Any], dict]:
-  """Runs the final evaluators (every_steps == 0) on each representation:
-  `variables['trained']`, and with `baselines` raw pixels and the others.
-  Returns (results '<representation>/<metric>' -> value, with
-  'eval_seconds'; embeddings: per representation the first
-  `config.eval.embedding_points` evaluation examples' (features, labels)).
-  """
+  """Runs the final evaluators on `variables['trained']` and, with
+  `baselines`, raw pixels and the others. Returns (results '<rep>/<metric>'
+  -> value, per rep the first `config.eval.embedding_points` test examples'
+  (features, labels))."""
   final = [ev for ev in evaluators.values() if ev.every_steps == 0]
   reps = {'raw_pixels': None} if baselines else {}
   reps.update({k: v for k, v in variables.items()
@@ -127,7 +104,10 @@ def run_final(evaluators: dict[str, base.Evaluator], variables: dict[str, Any],
       t = time.time()
       out.update(ev(rep))
       times[ev.name] = time.time() - t
-    _log(name, out, times)
+    headline = [f'{k} {100 * v:.2f}%' for k, v in out.items()
+                if k.endswith('top1') or 'weighted_top1@' in k]
+    logging.info('%s: %s (%s)', name, ', '.join(headline), ', '.join(
+        f'{k} {v:.1f} s' for k, v in times.items()))
     results.update({f'{name}/{k}': v for k, v in out.items()})
     if points := env.config.eval.embedding_points:
       embeddings[name] = features_lib.first_rows(rep.features('test'), points)
@@ -148,10 +128,7 @@ def run_online(evaluators: list[base.Evaluator], variables, env: base.Env
                ) -> dict[str, float]:
   """Runs online evaluators on the current encoder: keys 'online/<metric>'."""
   rep = base.Representation('online', variables, env)
-  out = {}
-  for ev in evaluators:
-    out.update({f'online/{k}': v for k, v in ev(rep).items()})
-  return out
+  return {f'online/{k}': v for ev in evaluators for k, v in ev(rep).items()}
 
 
 def config_entry(**fields) -> ml_collections.ConfigDict:

@@ -1,8 +1,4 @@
-"""What every evaluator shares: its config entry, the run's data, and the
-representation it scores (an encoder's variables or raw pixels), whose
-features each split extracts once for every evaluator. The same objects run
-after training, during it and on a saved checkpoint.
-"""
+"""What every evaluator shares: its config, the run and what it scores."""
 
 from __future__ import annotations
 
@@ -19,14 +15,12 @@ from input_pipeline import pipeline
 
 @dataclasses.dataclass
 class Env:
-  """The run an evaluator runs in: `train` (what a classifier or kNN bank is
-  fit on), `test` (the split scored), `feature_fn`
-  (`features.make_feature_fn`), `outdir` for plots (None: none)."""
+  """The run an evaluator runs in; `outdir` for plots (None: none)."""
   config: ml_collections.ConfigDict
   model: Any
   mesh: Any
-  train: Any
-  test: Any
+  train: Any                        # What a classifier or kNN bank fits.
+  test: Any                         # The split scored.
   feature_fn: Any
   outdir: str | None = None
 
@@ -36,9 +30,9 @@ class Env:
 
 
 class Representation:
-  """One encoder (or raw pixels, `variables=None`) under evaluation;
-  `features(split, limit)` extracts the first `limit` examples' (0: all) once,
-  advancing `bar`."""
+  """One encoder (or raw pixels, `variables=None`) under evaluation, whose
+  `features(split, limit)` of the first `limit` examples (0: all) it
+  extracts once, advancing `bar`."""
 
   def __init__(self, name: str, variables, env: Env, bar=progress.NO_BAR):
     self.name, self.variables, self.env, self.bar = name, variables, env, bar
@@ -62,12 +56,10 @@ class Representation:
 
 
 class Evaluator:
-  """Built from a `config.evals` entry, called on a representation.
-
-  Subclasses set `type` (`config.evals.<name>.type`), `DEFAULTS` (their
-  fields) and `__call__`; `baselines = False` keeps one to the trained
-  encoder; `units(env)` is its share of a progress bar.
-  """
+  """Built from a `config.evals` entry, called on a representation; a
+  subclass sets `type`, `DEFAULTS` (its fields) and `__call__`; `baselines =
+  False` keeps it to the trained encoder; `units(env)`: its share of a
+  progress bar (0: its own bar)."""
   type: ClassVar[str] = ''
   DEFAULTS: ClassVar[dict[str, Any]] = {}
   baselines: ClassVar[bool] = True

@@ -1,14 +1,9 @@
-"""Representation diagnostics: alignment, uniformity, CACR's conditional
-entropy, MACL's semantic sensitivity, similarity histograms, 2-D plots.
-
-Alignment E_pos ||f(x) - f(y)||^alpha and uniformity log E exp(-t ||f(x) -
-f(y)||^2) over distinct pairs (Wang & Isola 2020, L2-normalised f) are the
-AU-CL loss's own terms (`losses.baselines`). Plots use matplotlib's Agg
-backend and write PNG files.
-"""
+"""Diagnostics of representations: alignment and uniformity (Wang & Isola
+2020), CACR's conditional entropy, MACL's semantic sensitivity, plots."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
@@ -27,20 +22,13 @@ from contrastive_jax.losses.common import l2_normalize
 from input_pipeline import augment
 from input_pipeline import pipeline
 
-# Rows of a pairwise block in `semantic_sensitivity` (memory [block, M]).
-_PAIR_BLOCK = 1024
-
 
 @jax.jit
 def conditional_entropy(z_a: jax.Array, z_b: jax.Array | None = None, *,
                         t_neg: float = 2.) -> jax.Array:
   """CACR's H(X^-|X) (eq. 8) in nats, in [0, log(M - 1)]: the mean over i of
-  the entropy of pi^-_ij = softmax_{j != i}(-t_neg ||z_a[i] - z_b[j]||^2).
-
-  z_a, z_b: [M, D] (normalised here), M >= 2; z_b None is z_a (the paper's
-  in-batch estimator), the other view the released code's cross-view
-  negatives. Call it once per mini-batch, as the paper averages it.
-  """
+  the entropy of pi^-_ij = softmax_{j != i}(-t_neg ||z_a[i] - z_b[j]||^2);
+  z_a, z_b [M, D], M >= 2; z_b None: z_a (the paper's in-batch estimator)."""
   z_a = l2_normalize(z_a)
   z_b = z_a if z_b is None else l2_normalize(z_b)
   m = z_a.shape[0]
@@ -58,13 +46,11 @@ def semantic_sensitivity(f: jax.Array, labels: jax.Array,
                          g: jax.Array | None = None) -> jax.Array:
   """MACL's S = E_{x != y} exp(-(H_xy - f(x).g(y))^2) (eq. 7), in [e^-4, 1]
   (higher is better): H_xy = +1 for a same-class pair, else -1; f, g [M, D]
-  normalised here (g None: f, one encoder), labels [M], M >= 2; the mean over
-  ordered pairs x != y, in row blocks.
-  """
+  normalised here (g None: f), labels [M], M >= 2; in row blocks."""
   f = l2_normalize(f)
   g = f if g is None else l2_normalize(g)
   m = f.shape[0]
-  block = min(_PAIR_BLOCK, m)
+  block = min(1024, m)                       # Memory: [block, M] floats.
   pad = -m % block
   rows = jnp.pad(f, ((0, pad), (0, 0))).reshape(-1, block, f.shape[1])
   row_labels = jnp.pad(labels, (0, pad)).reshape(-1, block)
@@ -86,15 +72,11 @@ def similarity_histograms(z_a, z_b, *, labels=None, bins: int = 50,
                           max_negatives: int = 1_000_000, seed: int = 0,
                           path: str | None = None,
                           title: str | None = None) -> dict[str, np.ndarray]:
-  """Cosine similarities of positive and negative pairs (+ optional PNG).
-
-  Positives are (z_a[i], z_b[i]) of [N, D] views; negatives (z_a[i], z_b[j])
-  with i != j and, given `labels` [N], of different classes: a uniform sample
-  (`seed`) of `max_negatives` where there are more. `bins` over [-1, 1];
-  `path`: a PNG of both density histograms, titled `title`. Returns numpy
-  {'positive': [N], 'negative': [M], 'bin_edges', 'positive_hist',
-  'negative_hist'}.
-  """
+  """Cosine similarities of positive pairs (z_a[i], z_b[i]) of [N, D] views
+  and negatives (z_a[i], z_b[j]), i != j, of different `labels` if given (a
+  uniform sample of `max_negatives` where there are more); `path`: a PNG of
+  both histograms. Returns numpy {'positive': [N], 'negative': [M],
+  'bin_edges', 'positive_hist', 'negative_hist'} (densities over [-1, 1])."""
   a = np.asarray(l2_normalize(jnp.asarray(z_a)), np.float64)
   b = np.asarray(l2_normalize(jnp.asarray(z_b)), np.float64)
   n = a.shape[0]
@@ -102,16 +84,14 @@ def similarity_histograms(z_a, z_b, *, labels=None, bins: int = 50,
     raise ValueError(f'z_a and z_b must have the same shape; got {a.shape} '
                      f'and {b.shape}.')
   positive = np.einsum('nd,nd->n', a, b)
-  labels = None if labels is None else np.asarray(labels)
-  num_pairs = n * (n - 1)
-  if num_pairs <= max_negatives:
+  if n * (n - 1) <= max_negatives:
     i, j = np.nonzero(~np.eye(n, dtype=bool))
   else:
     rng = np.random.default_rng(seed)
     i = rng.integers(0, n, max_negatives)
     j = (i + rng.integers(1, n, max_negatives)) % n    # uniform over j != i
   if labels is not None:
-    keep = labels[i] != labels[j]
+    keep = np.asarray(labels)[i] != np.asarray(labels)[j]
     i, j = i[keep], j[keep]
   # In chunks: all pairs at once would hold 2 x num_pairs x D float64.
   chunk = max(1, (1 << 24) // max(a.shape[1], 1))
@@ -126,13 +106,13 @@ def similarity_histograms(z_a, z_b, *, labels=None, bins: int = 50,
          'positive_hist': pos_hist, 'negative_hist': neg_hist}
   if path is not None:
     fig, ax = _new_figure()
-    ax.hist(np.clip(negative, -1, 1), edges, density=True, alpha=0.6,
-            label=f'negative (n={negative.size})')
-    ax.hist(np.clip(positive, -1, 1), edges, density=True, alpha=0.6,
-            label=f'positive (n={positive.size})')
+    for name, sims in (('negative', negative), ('positive', positive)):
+      ax.hist(np.clip(sims, -1, 1), edges, density=True, alpha=0.6,
+              label=f'{name} (n={sims.size})')
     ax.set(xlabel='cosine similarity', ylabel='density', title=title or '')
     ax.legend()
-    _save(fig, path)
+    fig.tight_layout()
+    storage.save_figure(fig, path)
   return out
 
 
@@ -182,17 +162,16 @@ def scatter_classes(ax, coords, labels, *, max_points: int = 10_000,
 
 
 def embedding_plot(feats, labels, path: str, method: str = 'pca', *,
-                   title: str | None = None,
-                   max_points: int = 10_000, seed: int = 0) -> np.ndarray:
+                   title: str | None = None) -> np.ndarray:
   """A PNG at `path` of [N, D] `feats` projected by `method` (`project_2d`,
-  fitted on all) and scattered by class (`scatter_classes`); returns the
-  [N, 2] coordinates."""
-  coords = project_2d(feats, method, seed=seed)
+  fitted on all) and scattered by class; returns the [N, 2] coordinates."""
+  coords = project_2d(feats, method)
   fig, ax = _new_figure()
-  scatter_classes(ax, coords, labels, max_points=max_points, seed=seed)
+  scatter_classes(ax, coords, labels)
   name = {'pca': 'PC', 'tsne': 't-SNE'}[method]
   ax.set(xlabel=f'{name} 1', ylabel=f'{name} 2', title=title or '')
-  _save(fig, path)
+  fig.tight_layout()
+  storage.save_figure(fig, path)
   return coords
 
 
@@ -203,11 +182,6 @@ def _new_figure():
   fig = Figure(figsize=(6, 4.5), dpi=100)
   FigureCanvasAgg(fig)
   return fig, fig.add_subplot()
-
-
-def _save(fig, path: str) -> None:
-  fig.tight_layout()
-  storage.save_figure(fig, path)
 
 
 def _to_host(*arrays, mask) -> list[np.ndarray]:
@@ -224,17 +198,16 @@ def _embed_views(model, variables, data, mesh, *, batch_size: int, views_cfg,
   the un-augmented images and two augmented views."""
   sharding = NamedSharding(mesh, P('data'))
 
-  @jax.jit
+  @functools.partial(jax.jit, out_shardings=sharding)
   def embed(variables, x):
     out = model.apply(variables, x, train=False)
-    return (jax.lax.with_sharding_constraint(out['features'], sharding),
-            jax.lax.with_sharding_constraint(out['projection'], sharding))
+    return out['features'], out['projection']
 
   augment_fn = jax.jit(
       lambda rng, images: augment.augment_batch(rng, images, views_cfg),
       out_shardings=sharding)
   rng = jax.random.key(seed)
-  parts = {k: ([], []) for k in ('clean', 'view0', 'view1')}
+  parts = {k: [] for k in ('clean', 'view0', 'view1')}
   for i, batch in enumerate(pipeline.eval_batches(
       data, batch_size=batch_size, sharding=sharding)):
     images = batch['image']
@@ -242,33 +215,24 @@ def _embed_views(model, variables, data, mesh, *, batch_size: int, views_cfg,
     inputs = {'clean': images.astype(jnp.float32) / 255.,
               'view0': views[:, 0], 'view1': views[:, 1]}
     for name, x in inputs.items():
-      f, z = _to_host(*embed(variables, x), mask=batch['mask'])
-      parts[name][0].append(f)
-      parts[name][1].append(z)
-  return {k: (np.concatenate(f), np.concatenate(z))
-          for k, (f, z) in parts.items()}
+      parts[name].append(_to_host(*embed(variables, x), mask=batch['mask']))
+  return {k: tuple(np.concatenate(a) for a in zip(*v))
+          for k, v in parts.items()}
 
 
 def batched_entropy(z_a, *, batch_size: int, t_neg: float) -> float:
-  """CACR's H(X^-|X) averaged over full mini-batches (paper, Figs. 3-5)."""
-  n = (len(z_a) // batch_size) * batch_size
-  if n == 0:                  # fewer test images than one batch: one batch
-    return float(conditional_entropy(z_a, t_neg=t_neg))
-  vals = [float(conditional_entropy(z_a[s:s + batch_size], t_neg=t_neg))
-          for s in range(0, n, batch_size)]
-  return float(np.mean(vals))
+  """CACR's H(X^-|X) averaged over full mini-batches (paper, Figs. 3-5), or
+  of all rows as one batch when they are fewer than `batch_size`."""
+  n = len(z_a) // batch_size * batch_size
+  return float(np.mean([
+      float(conditional_entropy(z_a[s:s + batch_size], t_neg=t_neg))
+      for s in range(0, max(n, 1), batch_size)]))
 
 
 class Diagnostics(base.Evaluator):
-  """The papers' diagnostics of a trained encoder on the evaluation split.
-
-  On the run's first two augmented views and the un-augmented images, in the
-  projection and feature spaces: alignment, uniformity, CACR's entropy
-  (mini-batches of `batch_size`, default `config.batch_size`; t^- =
-  `t_neg`), MACL's sensitivity, the mean positive and negative cosines; with
-  an output directory, cosine histograms and a PCA plot. Metrics:
-  'diagnostics/<space>/<name>'.
-  """
+  """The papers' diagnostics ('diagnostics/<space>/<name>') on the test
+  split's images and two augmented views; CACR's entropy on batches of
+  `batch_size` (0: `config.batch_size`); with `env.outdir`, the plots."""
   type = 'diagnostics'
   DEFAULTS = {'t_neg': 2., 'batch_size': 0, 'seed': 0}
   baselines = False

@@ -1,9 +1,4 @@
-"""Frozen, un-augmented features of a whole split, sharded by rows.
-
-Each process reads its part of every batch; the features stay sharded over
-every device of every host, where the kNN and logistic regression read
-them; only `first_rows` brings a few back to the hosts.
-"""
+"""Frozen, un-augmented features of a split, sharded by rows over devices."""
 
 from __future__ import annotations
 
@@ -70,8 +65,7 @@ def num_batches(source, batch_size: int) -> int:
 
 def extract_features(feature_fn, variables, source, mesh, batch_size: int,
                      bar=progress.NO_BAR) -> Features:
-  """Frozen, un-augmented features of every example of `source`, sharded by
-  rows; `bar` advances by one per batch."""
+  """Features of every example of `source`; `bar` advances once a batch."""
   rows = NamedSharding(mesh, P('data'))
   xs, labels, masks = [], [], []
   for batch in pipeline.eval_batches(source, batch_size=batch_size,

@@ -6,11 +6,9 @@ s_i = cos(f, f_i) over the k most similar bank entries N_k(f) of a query f,
     weighted:  argmax_c sum_{i in N_k(f)} exp(s_i / T) [y_i = c]
     majority:  argmax_c sum_{i in N_k(f)} [y_i = c]
 
-Results equal a float64 brute force, ties included, sharded or not: equal
-similarities rank the lower bank index first, equal scores pick the lower
-class, and scores are summed in rank order. With a mesh the bank is sharded
-along examples; each device takes its local top-k per query chunk, and the
-merge and vote are split over the devices.
+Results equal a float64 brute force, ties included; with a mesh the bank is
+sharded by rows and the merge and vote split over the devices
+(docs/evaluation.md).
 """
 
 from __future__ import annotations
@@ -28,10 +26,6 @@ import numpy as np
 from contrastive_jax import progress
 from contrastive_jax.evaluators import base
 from contrastive_jax.losses.common import l2_normalize
-
-# Bound on an automatic chunk's [query_chunk, bank_shard] float32 block.
-_SIM_BLOCK_BYTES = 128 * 2**20
-_MAX_AUTO_CHUNK = 1024
 
 
 class KnnPredictions(NamedTuple):
@@ -56,19 +50,10 @@ def _place(x, mesh, spec):
   return jax.lax.with_sharding_constraint(x, sharding)
 
 
-def auto_query_chunk(num_queries: int, bank_shard_size: int) -> int:
-  """Query chunk keeping a [chunk, bank_shard] f32 block near 128 MiB, evened
-  out so that padding wastes less than one row per chunk."""
-  cap = max(1, min(_MAX_AUTO_CHUNK, _SIM_BLOCK_BYTES // (4 * bank_shard_size)))
-  num_chunks = math.ceil(num_queries / cap)
-  return max(1, math.ceil(num_queries / num_chunks))
-
-
 def _vote(sims, labels, temperature, *, ks, num_classes, axis=None):
-  """(weighted, majority) [len(ks), B] int32 predictions from sims [B, kmax]
-  (sorted descending) and labels [B, kmax] of the ranked neighbours; `ks`
-  ascending; `axis`: the mesh axis the queries are split over in shard_map.
-  """
+  """(weighted, majority) [len(ks), B] int32 from sims [B, kmax] (sorted
+  descending) and labels [B, kmax] of the ranked neighbours, `ks` ascending;
+  `axis`: the mesh axis the queries are split over in shard_map."""
   # exp((s - s_max) / T): the same argmax, no float32 overflow. A max, not
   # sims[:, :1], which would keep XLA:CPU from re-forming its TopK kernel.
   weights = jnp.exp((sims - jnp.max(sims, axis=1, keepdims=True))
@@ -88,27 +73,22 @@ def _vote(sims, labels, temperature, *, ks, num_classes, axis=None):
            jnp.zeros((b, num_classes), jnp.int32))
   if axis is not None:    # Each device votes for its own queries.
     carry = jax.lax.pcast(carry, axis, to='varying')
-  weighted_preds, majority_preds = [], []
-  start = 0
-  for k in ks:
+  preds = []
+  for start, k in zip((0,) + ks[:-1], ks):
     carry = jax.lax.fori_loop(start, k, add_neighbour, carry)
-    start = k
     # argmax returns the first maximum: equal scores -> lower class id.
-    weighted_preds.append(jnp.argmax(carry[0], axis=-1).astype(jnp.int32))
-    majority_preds.append(jnp.argmax(carry[1], axis=-1).astype(jnp.int32))
-  return jnp.stack(weighted_preds), jnp.stack(majority_preds)
+    preds.append([jnp.argmax(c, axis=-1).astype(jnp.int32) for c in carry])
+  weighted, majority = zip(*preds)
+  return jnp.stack(weighted), jnp.stack(majority)
 
 
 def _predict_local(bank, labels, valid, queries, temperature, *, axis, ks,
                    num_classes, normalize):
   """(weighted, majority) [num_chunks, len(ks), chunk] int32 of queries
-  [num_chunks, chunk, D] against this device's bank [n_local, D] (labels,
-  `valid` False for padding rows); with a mesh `axis`, each device's slice
-  [..., chunk / n_dev] of every chunk. `normalize` divides by ||bank row||.
-  """
-  n_local = bank.shape[0]
+  [num_chunks, chunk, D] against this device's bank [n_local, D]; with a
+  mesh `axis`, each device's [..., chunk / n_dev]."""
   kmax = ks[-1]
-  local_k = min(kmax, n_local)
+  local_k = min(kmax, bank.shape[0])
   if normalize:
     # Scales the similarity block's columns: no normalised bank copy.
     sq = jnp.sum(jnp.square(bank.astype(jnp.float32)), axis=-1)
@@ -152,15 +132,7 @@ def _knn_predict(bank_feats, bank_labels, bank_valid, query_feats, temperature,
   q = query_feats.shape[0]
   labels = jnp.asarray(bank_labels, jnp.int32)
   valid = jnp.asarray(bank_valid, bool)
-  if mesh is not None:
-    axis = _bank_axis(mesh)
-    n_pad = -n % mesh.shape[axis]
-    if n_pad:  # Skipped when divisible, so a pre-sharded bank is not copied.
-      bank_feats = jnp.pad(bank_feats, ((0, n_pad), (0, 0)))
-      labels = jnp.pad(labels, (0, n_pad))
-      valid = jnp.pad(valid, (0, n_pad))
-  else:
-    axis = None
+  axis = None if mesh is None else _bank_axis(mesh)
   query = (l2_normalize(query_feats) if normalize
            else jnp.asarray(query_feats, jnp.float32))
   query = jnp.pad(query, ((0, -q % query_chunk), (0, 0)))
@@ -169,6 +141,11 @@ def _knn_predict(bank_feats, bank_labels, bank_valid, query_feats, temperature,
       _predict_local, axis=axis, ks=ks, num_classes=num_classes,
       normalize=normalize)
   if mesh is not None:
+    n_pad = -n % mesh.shape[axis]
+    if n_pad:  # Skipped when divisible, so a pre-sharded bank is not copied.
+      bank_feats = jnp.pad(bank_feats, ((0, n_pad), (0, 0)))
+      labels = jnp.pad(labels, (0, n_pad))
+      valid = jnp.pad(valid, (0, n_pad))
     # Bank split along examples, queries replicated, predictions split.
     bank_feats = _place(bank_feats, mesh, P(axis, None))
     labels = _place(labels, mesh, P(axis))
@@ -192,15 +169,10 @@ def knn_predict(bank_feats, bank_labels, query_feats, *, num_classes: int,
                 query_chunk: int | None = None, normalize: bool = True,
                 num_valid: int | None = None,
                 bank_mask=None) -> KnnPredictions:
-  """Per-query kNN predictions (weighted and majority vote) for several k.
-
-  bank_feats [N, D] with bank_labels [N] in [0, num_classes), query_feats
-  [Q, D]; each k in [1, num_valid]; `mesh` shards the bank over its 'data'
-  (or first) axis; `query_chunk` None keeps a [chunk, N / devices] float32
-  block near 128 MiB; `normalize` False: the raw dot product. Only rows
-  [0, num_valid) are real, or those of `bank_mask` [N] where given.
-  Returns KnnPredictions, each [len(ks), Q] int32, row i for ks[i].
-  """
+  """Per-query kNN predictions, each [len(ks), Q] int32, row i for ks[i], of
+  query_feats [Q, D] on bank_feats [N, D] (real rows: [0, num_valid), or
+  `bank_mask` [N]); `query_chunk` None keeps a [chunk, N / devices] float32
+  block near 128 MiB; `normalize` False: the raw dot product."""
   n, d = np.shape(bank_feats)
   q, dq = np.shape(query_feats)
   if d != dq:
@@ -218,7 +190,10 @@ def knn_predict(bank_feats, bank_labels, query_feats, *, num_classes: int,
   sorted_ks = tuple(sorted(set(ks_list)))
   num_shards = 1 if mesh is None else mesh.shape[_bank_axis(mesh)]
   if query_chunk is None:
-    query_chunk = auto_query_chunk(q, math.ceil(n / num_shards))
+    # <= 1024 queries and a [chunk, bank shard] block <= 2^25 floats (128
+    # MiB), evened out so that padding wastes less than a row per chunk.
+    cap = max(1, min(1024, 2**25 // math.ceil(n / num_shards)))
+    query_chunk = max(1, math.ceil(q / math.ceil(q / cap)))
   if query_chunk < 1:
     raise ValueError(f'query_chunk must be >= 1; got {query_chunk}.')
   query_chunk = -(-query_chunk // num_shards) * num_shards
@@ -233,15 +208,14 @@ def knn_predict(bank_feats, bank_labels, query_feats, *, num_classes: int,
 
 
 def shard_bank(bank_feats, bank_labels, mesh: jax.sharding.Mesh):
-  """(feats [N', D], labels [N'], N): a host bank zero-padded to N' rows, a
-  multiple of the mesh's 'data' (or first) axis, each shard sent straight to
-  its device (pass N as `num_valid`). Device arrays are returned as they are.
-  """
-  axis = _bank_axis(mesh)
+  """(feats [N', D], labels [N'], N): a host bank zero-padded to a multiple
+  N' of the mesh's bank axis, each shard sent straight to its device (pass N
+  as `num_valid`); device arrays come back as they are."""
   n = np.shape(bank_feats)[0]
-  n_pad = -n % mesh.shape[axis]
   if isinstance(bank_feats, jax.Array) or isinstance(bank_labels, jax.Array):
     return bank_feats, bank_labels, n
+  axis = _bank_axis(mesh)
+  n_pad = -n % mesh.shape[axis]
   feats = np.asarray(bank_feats)
   labels = np.asarray(bank_labels, np.int32)
   if n_pad:
@@ -259,13 +233,9 @@ def knn_evaluate(bank_feats, bank_labels, query_feats, query_labels, *,
                  query_chunk: int | None = None,
                  normalize: bool = True, bank_mask=None,
                  query_mask=None) -> dict[str, float]:
-  """kNN top-1 accuracy (weighted and majority vote) for every k in `ks`.
-
-  Inputs are host arrays or global jax Arrays sharded over processes;
-  `bank_mask` / `query_mask` mark padding rows (False); the rest is
-  `knn_predict`'s. Returns {'knn_weighted_top1@{k}', 'knn_majority_top1@{k}'}
-  -> accuracy in [0, 1] for each k.
-  """
+  """{'knn_weighted_top1@{k}', 'knn_majority_top1@{k}'} -> accuracy for each
+  k of `ks`, of host arrays or global jax Arrays; `bank_mask` / `query_mask`
+  False on padding rows; the rest as `knn_predict`."""
   q = np.shape(query_feats)[0]
   if np.shape(query_labels) != (q,):
     raise ValueError(f'query_labels must have shape [{q}]; got '
@@ -306,21 +276,12 @@ def _correct_counts(weighted, majority, labels, mask):
 
 
 class Knn(base.Evaluator):
-  """Weighted and majority kNN top-1 for each k of `ks`, cosine similarity.
-
-  Config fields: `ks`, `temperature`, `bank_size` and `num_queries` (the
-  first examples of each split; 0: all). A k above a partial bank's size is
-  lowered to it; above the whole training split it is an error. Metrics:
-  'knn_weighted_top1@k', 'knn_majority_top1@k'.
-  """
+  """Weighted and majority kNN top-1 for each k of `ks` on the first
+  `bank_size` / `num_queries` examples of each split (0: all); a k above a
+  partial bank's size is lowered to it."""
   type = 'knn'
   DEFAULTS = {'ks': (200,), 'temperature': 0.1, 'bank_size': 0,
               'num_queries': 0}
-
-  def _ks(self, bank_rows: int) -> tuple[int, ...]:
-    if self.cfg.bank_size:
-      return tuple(sorted({min(int(k), bank_rows) for k in self.cfg.ks}))
-    return tuple(int(k) for k in self.cfg.ks)
 
   def validate(self, config, *, num_devices: int,
                num_train: int | None = None) -> None:
@@ -339,10 +300,13 @@ class Knn(base.Evaluator):
     bank = rep.features('train', self.cfg.bank_size)
     queries = rep.features('test', self.cfg.num_queries)
     bar.set_postfix_str('kNN')
+    ks = tuple(int(k) for k in self.cfg.ks)
+    if self.cfg.bank_size:
+      rows = len(rep.source('train', self.cfg.bank_size))
+      ks = tuple(sorted({min(k, rows) for k in ks}))
     res = knn_evaluate(
         bank.x, bank.label, queries.x, queries.label,
-        num_classes=rep.env.num_classes,
-        ks=self._ks(len(rep.source('train', self.cfg.bank_size))),
+        num_classes=rep.env.num_classes, ks=ks,
         temperature=self.cfg.temperature, mesh=rep.env.mesh,
         bank_mask=bank.mask, query_mask=queries.mask)
     bar.update(1)

@@ -1,10 +1,6 @@
-"""The papers' linear evaluation: a linear classifier on the frozen encoder.
-
-The classifier [F, C] trains on features of augmented training images (the
-preset's `view`) and is scored after every epoch on un-augmented evaluation
-images (SimCLR, MoCo, SupCon, CACR, TCL, MACL), streamed and data-parallel
-over every device of every process. docs/evaluation.md describes the presets.
-"""
+"""The papers' linear evaluation: a linear classifier [F, C] trained on the
+frozen encoder's features of augmented images, scored after every epoch,
+data-parallel over all devices; docs/evaluation.md describes the presets."""
 
 from __future__ import annotations
 
@@ -34,15 +30,9 @@ _CROP_02_FLIP = augment.ViewConfig(crop_scale=(0.2, 1.), flip_p=0.5)
 
 @dataclasses.dataclass(frozen=True)
 class LinearEvalConfig:
-  """One linear-evaluation recipe: SGD or Adam, constant, cosine or step lr.
-
-  `lr` is the rate at `batch_size`. `lr_update`: 'every_step'; 'epoch_start'
-  holds each epoch at its first step's value; 'after_epoch' trains epoch e >=
-  1 at epoch e - 1's (TCL). `encoder_bn`, the frozen encoder's BatchNorm in
-  training steps: 'running', 'batch' (the global batch's statistics) or
-  'batch_update' (those, moving the running averages). A recipe with another
-  optimizer or schedule subclasses it (`SupConTFConfig`).
-  """
+  """One linear-evaluation recipe (docs/evaluation.md): `lr` is the rate at
+  `batch_size`; `encoder_bn` is the frozen encoder's BatchNorm in training
+  steps. Another optimizer or schedule subclasses it (`SupConTFConfig`)."""
   optimizer: str = 'sgd'            # 'sgd' or 'adam'
   lr: float = 0.1
   epochs: int = 100
@@ -57,12 +47,10 @@ class LinearEvalConfig:
   lr_decay: float = 0.1
   cosine_final: float = 0.0         # 'cosine': the final lr / lr
   lr_update: str = 'every_step'     # or 'epoch_start', 'after_epoch'
-  # 'zeros', 'normal_0.01', 'glorot_uniform' or 'torch_default'
-  # (`init_classifier`).
-  classifier_init: str = 'zeros'
+  classifier_init: str = 'zeros'    # `init_classifier`
   encoder_bn: str = 'running'       # or 'batch', 'batch_update'
   view: augment.ViewConfig = _CROP_FLIP
-  # The plain recipe's loss and features (not fields; SupConTFConfig's are).
+  # Not fields here (SupConTFConfig's are).
   label_smoothing = 0.0
   normalize_features = False
   _CHOICES = {'optimizer': ('sgd', 'adam'),
@@ -90,8 +78,7 @@ class LinearEvalConfig:
                     for m in self.milestones})
     return optax.constant_schedule(self.lr)
 
-  def base_optimizer(self, lr: optax.Schedule
-                     ) -> optax.GradientTransformation:
+  def base_optimizer(self, lr: optax.Schedule) -> optax.GradientTransformation:
     if self.optimizer == 'adam':
       return optax.adam(lr, b1=self.adam_b1, b2=self.adam_b2, eps=1e-8)
     return optax.sgd(lr, momentum=self.momentum or None,
@@ -100,11 +87,9 @@ class LinearEvalConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SupConTFConfig(LinearEvalConfig):
-  """The SupCon TF code's stage 2: TF 1's RMSProp (ms from 1, eps inside the
-  root, lr inside the momentum), lr x step / W over W = floor(warmup_epochs x
-  steps per epoch) steps then lr x lr_decay ^ floor((step - W) /
-  (epochs_per_decay x steps per epoch)), label smoothing, L2-normalised
-  features."""
+  """The SupCon TF code's stage 2: TF 1's RMSProp, linear warmup then a
+  staircase exponential decay, label smoothing, L2-normalised features
+  (docs/evaluation.md gives the update and the schedule)."""
   optimizer: str = 'rmsprop'
   schedule: str = 'exponential'
   rmsprop_decay: float = 0.9
@@ -136,8 +121,7 @@ class SupConTFConfig(LinearEvalConfig):
 
     return schedule
 
-  def base_optimizer(self, lr: optax.Schedule
-                     ) -> optax.GradientTransformation:
+  def base_optimizer(self, lr: optax.Schedule) -> optax.GradientTransformation:
     return optax.rmsprop(lr, decay=self.rmsprop_decay, eps=self.rmsprop_eps,
                          initial_scale=1.0, eps_in_sqrt=True,
                          momentum=self.momentum or None)
@@ -164,8 +148,7 @@ PRESETS: dict[str, LinearEvalConfig] = {
                                schedule='step', milestones=(60, 75, 90),
                                lr_decay=0.2, classifier_init='torch_default',
                                lr_update='epoch_start', view=_CROP_02_FLIP),
-    # This project's CIFAR probe (the CIFAR references report kNN or an
-    # online classifier).
+    # This project's CIFAR probe (no CIFAR reference gives one).
     'cifar': LinearEvalConfig(lr=0.1, epochs=100, batch_size=256,
                               schedule='cosine'),
     # CACR's small_scale_experiments/cifar10/linear_eval.py.
@@ -174,23 +157,17 @@ PRESETS: dict[str, LinearEvalConfig] = {
         adam_b2=0.999, schedule='step', milestones=(60, 80), lr_decay=0.2,
         classifier_init='torch_default', lr_update='epoch_start',
         view=_CROP_02_FLIP),
-    # TCL's train.py `train_cross_entropy` (64 images per step on CIFAR-10),
-    # pretraining's training transform; the weight decay reaches only the
-    # classifier (nothing else has a gradient).
+    # TCL's train.py `train_cross_entropy` (CIFAR-10), pretraining's views.
     'tcl': LinearEvalConfig(lr=0.5, epochs=50, batch_size=64,
                             weight_decay=1e-4, schedule='cosine',
                             cosine_final=1e-3, lr_update='after_epoch',
                             classifier_init='torch_default',
                             encoder_bn='batch_update',
                             view=augment.PRESETS['tcl'][0]),
-    # MACL Sec. 5 (SGD 0.02, 100 epochs); the rest unstated: the defaults,
-    # CACR's crop.
+    # MACL Sec. 5 (SGD 0.02, 100 epochs); CACR's crop.
     'macl': LinearEvalConfig(lr=0.02, epochs=100, batch_size=256,
                              schedule='constant', view=_CROP_02_FLIP),
-    # SupCon's TF ImageNet script (supcon_imagenet_resnet50.sh, stage 2):
-    # lr 0.05 x 6144 / 256, pretraining's crop, flip and AutoAugment. Its
-    # batch holds both views of each image and its epochs are fractional;
-    # here one view and whole steps.
+    # SupCon's TF supcon_imagenet_resnet50.sh, stage 2: lr 0.05 x 6144 / 256.
     'supcon_tf': SupConTFConfig(
         lr=1.2, epochs=90, batch_size=6144, rmsprop_decay=0.9,
         rmsprop_eps=1e-3, weight_decay=1e-6, warmup_epochs=12., lr_decay=0.97,
@@ -200,8 +177,7 @@ PRESETS: dict[str, LinearEvalConfig] = {
                                 autoaugment='v0',
                                 autoaugment_impl='tf_model_garden')),
 }
-# TCL's linear stage at 128 images per step (CIFAR-100, ImageNet-100), the
-# same lr (train.py does not rescale it).
+# TCL's stage at batch 128 (CIFAR-100, ImageNet-100), the same lr.
 PRESETS['tcl_batch128'] = dataclasses.replace(PRESETS['tcl'], batch_size=128)
 
 
@@ -223,8 +199,7 @@ def get_config(preset: str, *, epochs: int = 0,
 
 def learning_rate(cfg: LinearEvalConfig,
                   steps_per_epoch: int) -> optax.Schedule:
-  """Step -> lr of `cfg` ('step' milestones in epochs), as `cfg.lr_update`
-  moves it."""
+  """Step -> lr of `cfg`, held per epoch as `cfg.lr_update` says."""
   schedule = cfg.per_step_lr(steps_per_epoch)
   if cfg.lr_update == 'every_step':
     return schedule
@@ -248,25 +223,17 @@ def optimizer(cfg: LinearEvalConfig,
 def _frozen_features(model, variables, images, normalize: bool = False,
                      encoder_bn: str = 'running'):
   """(features [B, F] float32, updates) of images [B, H, W, C], no gradient
-  to the encoder, BatchNorm as `encoder_bn` says; `updates`, the moved
-  {'batch_stats'} for 'batch_update', else {}."""
-  if encoder_bn in ('batch', 'batch_update'):
-    out, updated = model.apply(variables, images, train=True,
-                               mutable=['batch_stats'])
-    updates = updated if encoder_bn == 'batch_update' else {}
-  elif encoder_bn == 'running':
+  to the encoder; `updates`: the moved {'batch_stats'} for 'batch_update'."""
+  if encoder_bn == 'running':
     out, updates = model.apply(variables, images, train=False), {}
   else:
-    raise ValueError("encoder_bn must be one of ('running', 'batch', "
-                     f"'batch_update'); got {encoder_bn!r}.")
+    out, updates = model.apply(variables, images, train=True,
+                               mutable=['batch_stats'])
+    updates = updates if encoder_bn == 'batch_update' else {}
   features = jax.lax.stop_gradient(out['features'].astype(jnp.float32))
   if normalize:
     features = l2_normalize(features)
   return features, updates
-
-
-def _logits(params, features):
-  return features @ params['w'] + params['b']
 
 
 def cross_entropy(logits, labels, label_smoothing: float = 0.0):
@@ -280,19 +247,16 @@ def cross_entropy(logits, labels, label_smoothing: float = 0.0):
   return optax.softmax_cross_entropy(logits, targets)
 
 
-# The classifier's initialisation reads its own stream of the seed's key
-# (the augmentation of step s reads fold_in(key, s), s below this).
-_INIT_STREAM = 2**31 - 1
-
-
 def init_classifier(cfg: LinearEvalConfig, seed: int, feature_dim: int,
                     num_classes: int) -> dict[str, jax.Array]:
   """{'w': [F, C], 'b': [C]}: 'zeros'; 'normal_0.01' (MoCo's fc), w ~ N(0,
   0.01^2); 'glorot_uniform' (TF's Dense); 'torch_default' (nn.Linear), w and
   b ~ U(-1 / sqrt(F), 1 / sqrt(F)). The bias is zero unless said."""
-  key = jax.random.fold_in(jax.random.key(seed), _INIT_STREAM)
+  # Its own stream of the seed's key: step s's augmentation reads
+  # fold_in(key, s), s < 2^31 - 1.
+  key = jax.random.fold_in(jax.random.key(seed), 2**31 - 1)
   shape = (feature_dim, num_classes)
-  b = jnp.zeros((num_classes,), jnp.float32)
+  w, b = jnp.zeros(shape, jnp.float32), jnp.zeros((num_classes,), jnp.float32)
   if cfg.classifier_init == 'normal_0.01':
     w = 0.01 * jax.random.normal(key, shape, jnp.float32)
   elif cfg.classifier_init == 'glorot_uniform':
@@ -302,54 +266,7 @@ def init_classifier(cfg: LinearEvalConfig, seed: int, feature_dim: int,
     kw, kb = jax.random.split(key)
     w = jax.random.uniform(kw, shape, jnp.float32, -bound, bound)
     b = jax.random.uniform(kb, (num_classes,), jnp.float32, -bound, bound)
-  else:
-    w = jnp.zeros(shape, jnp.float32)
   return {'w': w, 'b': b}
-
-
-def make_step_fns(model, tx, cfg: LinearEvalConfig, mesh, *,
-                  host_cropped: bool = False):
-  """(train_step, eval_counts), jitted: train_step(params, opt_state,
-  variables, images uint8 [B, (1,) H, W, C], labels, rng) -> (params,
-  opt_state, encoder_updates, loss); eval_counts(params, variables, images,
-  labels, mask) -> int32 (top-1 hits, top-5 hits, count)."""
-  replicated = NamedSharding(mesh, P())
-  rows = NamedSharding(mesh, P('data'))
-  view, normalize = cfg.view, cfg.normalize_features
-
-  @functools.partial(
-      jax.jit, in_shardings=(replicated, replicated, replicated, rows, rows,
-                             replicated),
-      out_shardings=(replicated, replicated, replicated, replicated),
-      donate_argnums=(0, 1))
-  def train_step(params, opt_state, variables, images, labels, rng):
-    x = augment.augment_batch(rng, images, (view,),
-                              host_cropped=host_cropped)[:, 0]
-    features, encoder_updates = _frozen_features(
-        model, variables, x, normalize, cfg.encoder_bn)
-
-    def loss_fn(p):
-      return jnp.mean(cross_entropy(_logits(p, features), labels,
-                                    cfg.label_smoothing))
-
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state,
-            encoder_updates, loss)
-
-  @functools.partial(
-      jax.jit, in_shardings=(replicated, replicated, rows, rows, rows),
-      out_shardings=replicated)
-  def eval_counts(params, variables, images, labels, mask):
-    features, _ = _frozen_features(
-        model, variables, images.astype(jnp.float32) / 255., normalize)
-    logits = _logits(params, features)
-    top5 = jax.lax.top_k(logits, min(5, logits.shape[-1]))[1]
-    hit1 = top5[:, 0] == labels
-    hit5 = jnp.any(top5 == labels[:, None], axis=-1)
-    return (jnp.sum(hit1 & mask), jnp.sum(hit5 & mask), jnp.sum(mask))
-
-  return train_step, eval_counts
 
 
 def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
@@ -357,23 +274,16 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
                       eval_batch_size: int = 256, num_workers: int = 0,
                       fit=None, bar_desc: str = 'linear evaluation'
                       ) -> dict[str, Any]:
-  """Trains and scores a linear classifier on the frozen encoder.
-
-  `variables` are the encoder's {'params', 'batch_stats'}; batches are
-  sharded over `mesh`'s 'data' axis; `seed` draws the example order and the
-  augmentation; `fit` is how training images are read
-  (`sources.training_fit`; None: the plain read).
-
-  Returns:
-    {'top1_last', 'top5_last', 'top1_best', 'best_epoch' (1-based),
-    'train_loss_last', 'top1_per_epoch', 'seconds', 'classifier', 'variables'
-    (those the evaluations read)}. `top1_best` selects on the evaluation
-    split, as some papers' code does; `top1_last` is the honest number.
-  """
+  """Trains and scores a linear classifier on the frozen encoder's
+  `variables`; `fit`: `sources.training_fit` (None: the plain read). Returns
+  {'top1_last', 'top5_last', 'top1_best' (chosen on the test split),
+  'best_epoch' (1-based), 'train_loss_last', 'top1_per_epoch', 'seconds',
+  'classifier', 'variables' (those the evaluations read)}."""
   t0 = time.time()
   if cfg.epochs < 1:
     raise ValueError(f'linear evaluation needs epochs >= 1; got {cfg.epochs}.')
   rows = NamedSharding(mesh, P('data'))
+  replicated = NamedSharding(mesh, P())
   batches = pipeline.TrainBatches(train_source, global_batch_size=min(
       cfg.batch_size, len(train_source)), seed=seed, sharding=rows,
       num_workers=num_workers, fit=fit)
@@ -387,16 +297,48 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
       lambda x: model.apply(variables, x, train=False)['features'],
       jax.ShapeDtypeStruct((1,) + tuple(train_source.image_shape),
                            jnp.float32)).shape[-1]
-  replicated = NamedSharding(mesh, P())
   params = jax.device_put(
       init_classifier(cfg, seed, feature_dim, num_classes), replicated)
   opt_state = jax.jit(tx.init, out_shardings=replicated)(params)
-  train_step, eval_counts = make_step_fns(
-      model, tx, cfg, mesh, host_cropped=isinstance(fit, sources.RandomCrops))
+
+  @functools.partial(
+      jax.jit, in_shardings=(replicated, replicated, replicated, rows, rows,
+                             replicated),
+      out_shardings=(replicated, replicated, replicated, replicated),
+      donate_argnums=(0, 1))
+  def train_step(params, opt_state, variables, images, labels, rng):
+    x = augment.augment_batch(
+        rng, images, (cfg.view,),
+        host_cropped=isinstance(fit, sources.RandomCrops))[:, 0]
+    features, encoder_updates = _frozen_features(
+        model, variables, x, cfg.normalize_features, cfg.encoder_bn)
+
+    def loss_fn(p):
+      logits = features @ p['w'] + p['b']
+      return jnp.mean(cross_entropy(logits, labels, cfg.label_smoothing))
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state,
+            encoder_updates, loss)
+
+  @functools.partial(
+      jax.jit, in_shardings=(replicated, replicated, rows, rows, rows),
+      out_shardings=replicated)
+  def eval_counts(params, variables, images, labels, mask):
+    x = images.astype(jnp.float32) / 255.
+    features, _ = _frozen_features(model, variables, x,
+                                   cfg.normalize_features)
+    logits = features @ params['w'] + params['b']
+    top5 = jax.lax.top_k(logits, min(5, logits.shape[-1]))[1]
+    hit1 = top5[:, 0] == labels
+    hit5 = jnp.any(top5 == labels[:, None], axis=-1)
+    return (jnp.sum(hit1 & mask), jnp.sum(hit5 & mask), jnp.sum(mask))
+
   key = jax.random.key(seed)
   top1, top5, losses = [], [], []
-  total = cfg.epochs * steps_per_epoch
-  with progress.bar(total, bar_desc, unit='step') as bar:
+  with progress.bar(cfg.epochs * steps_per_epoch, bar_desc,
+                    unit='step') as bar:
     for epoch in range(cfg.epochs):
       epoch_losses = []
       first = epoch * steps_per_epoch
@@ -409,13 +351,11 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
           variables = {**variables, **encoder_updates}
         epoch_losses.append(loss)
         bar.update(1)
-      hits1 = hits5 = count = 0
-      for batch in pipeline.eval_batches(eval_source,
-                                         batch_size=eval_batch_size,
-                                         sharding=rows):
-        c1, c5, n = eval_counts(params, variables, batch['image'],
-                                batch['label'], batch['mask'])
-        hits1, hits5, count = hits1 + c1, hits5 + c5, count + n
+      counts = [eval_counts(params, variables, b['image'], b['label'],
+                            b['mask'])
+                for b in pipeline.eval_batches(
+                    eval_source, batch_size=eval_batch_size, sharding=rows)]
+      hits1, hits5, count = (sum(c) for c in zip(*counts))
       top1.append(float(hits1 / count))
       top5.append(float(hits5 / count))
       losses.append(float(np.mean(jax.device_get(epoch_losses))))
@@ -433,21 +373,16 @@ def linear_evaluation(model, variables, train_source, eval_source, mesh, *,
   return out
 
 
-# Tells the probe's seed from the run's other uses of config.seed.
-_PROBE_STREAM = 0x70726f6265
-
-
 def probe_seed(seed: int) -> int:
   """The probe's seed, apart from pretraining's draws of `config.seed`."""
-  return int(np.random.SeedSequence([int(seed), _PROBE_STREAM])
+  return int(np.random.SeedSequence([int(seed), 0x70726f6265])   # 'probe'
              .generate_state(1)[0] >> 1)
 
 
 class LinearEval(base.Evaluator):
   """The papers' linear evaluation of the trained encoder: `preset` (in
   PRESETS), `epochs` and `batch_size` (overrides when > 0). Metrics:
-  'linear_eval_top1' (last epoch), 'linear_eval_top5', ...
-  """
+  'linear_eval_top1' (last epoch), 'linear_eval_top5', ..."""
   type = 'linear_eval'
   DEFAULTS = {'preset': '', 'epochs': 0, 'batch_size': 0}
   baselines = False

@@ -1,14 +1,11 @@
-"""Logistic regression on frozen (cached) features: preconditioned L-BFGS.
-
-Full batch, L2 penalty, solved in whitened coordinates (W = P U;
-docs/evaluation.md derives P): deterministic and nothing to tune, the cheap
-probe for monitoring, not the papers' protocol (`linear_eval.py`).
+"""Logistic regression on frozen features by full-batch L-BFGS in whitened
+coordinates (W = P U; docs/evaluation.md derives P): nothing to tune, the
+cheap probe, not the papers' protocol (`linear_eval.py`).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,27 +31,17 @@ def _inputs(train_x, train_y, train_mask, test_x, test_y, test_mask, *,
           test_y.astype(jnp.int32), test_mask.astype(jnp.float32))
 
 
-def _topk_accuracy(logits: jax.Array, labels: jax.Array, k: int,
-                   mask: jax.Array | None = None) -> jax.Array:
-  """Fraction of (unmasked) rows whose label is among the k largest logits
-  (ties in the label's favour)."""
+def _topk_accuracy(logits, labels, k: int, mask) -> jax.Array:
+  """Fraction of rows of float `mask` 1 whose label is among the k largest
+  logits (ties in the label's favour)."""
   true_logit = jnp.take_along_axis(logits, labels[:, None], axis=1)
   rank = jnp.sum(logits > true_logit, axis=1)
-  if mask is None:
-    return jnp.mean(rank < k)
-  mask = mask.astype(jnp.float32)
   return jnp.sum((rank < k) * mask) / jnp.sum(mask)
 
 
-def _check_xy(x, y, name):
-  if np.ndim(x) != 2 or np.shape(y) != (np.shape(x)[0],):
-    raise ValueError(f'{name}_x must be [N, D] and {name}_y [N]; got '
-                     f'{np.shape(x)} and {np.shape(y)}.')
 
-
-# Rows of the strided sample estimating the covariance for the
-# preconditioner: a D <= 2048 covariance to ~1% (P changes the speed, not the
-# optimum), a fraction of one iteration's cost at 60k.
+# Rows of the strided sample estimating the preconditioner's covariance: a
+# D <= 2048 covariance to ~1% (P changes the speed, not the optimum).
 PRECOND_ROWS = 16384
 
 
@@ -81,35 +68,29 @@ def _replicated(x) -> jax.sharding.NamedSharding | None:
   return None
 
 
-class _Layout(NamedTuple):
-  """x's mesh and the axis its rows are split over (`_weights`)."""
-  mesh: jax.sharding.Mesh
-  axis: str | tuple[str, ...]
-
-
-def _layout(x) -> _Layout | None:
-  """x's `_Layout`; None if x is not on a mesh or not split by rows."""
+def _layout(x) -> jax.sharding.NamedSharding | None:
+  """x's sharding if its rows are split over a mesh axis, else None."""
   sharding = getattr(x, 'sharding', None)
   if (isinstance(sharding, jax.sharding.NamedSharding) and sharding.spec
       and sharding.spec[0] is not None):
-    return _Layout(sharding.mesh, sharding.spec[0])
+    return sharding
   return None
 
 
-def _split_rows(precond, layout: _Layout):
-  """P [D, D] -> [D', D], zero-padded to a multiple of the layout's devices
-  and split by rows over its axis."""
-  n = int(np.prod([layout.mesh.shape[a] for a in np.atleast_1d(layout.axis)]))
+def _split_rows(precond, layout: jax.sharding.NamedSharding):
+  """P [D, D] -> [D', D], zero-padded to a multiple of the devices of the
+  layout's row axis and split by rows over it."""
+  axis = layout.spec[0]
+  n = int(np.prod([layout.mesh.shape[a] for a in np.atleast_1d(axis)]))
   precond = jnp.pad(precond, ((0, -precond.shape[0] % n), (0, 0)))
   return jax.lax.with_sharding_constraint(precond, jax.sharding.NamedSharding(
-      layout.mesh, jax.sharding.PartitionSpec(layout.axis, None)))
+      layout.mesh, jax.sharding.PartitionSpec(axis, None)))
 
 
 def _preconditioner(x, mask, l2: float, *, num_classes: int):
   """(mu [D], P [D, D]): the features' mean and P = L^-T, L L^T = Sigma / C
   + l2 I, so that logits = (x - mu) P U_w + U_b have unit curvature in U at 0
-  (docs/evaluation.md). Factored on the host in float64, once per process.
-  """
+  (docs/evaluation.md); factored on the host in float64."""
   replicated = _replicated(x)
   mu, cov = _moments(x, mask, replicated=replicated)
   d = cov.shape[0]
@@ -119,26 +100,25 @@ def _preconditioner(x, mask, l2: float, *, num_classes: int):
   inverse, info = scipy.linalg.lapack.dtrtri(chol, lower=1)
   if info:
     raise np.linalg.LinAlgError(f'dtrtri failed (info={info}).')
-  precond = inverse.T.astype(np.float32)
-  if replicated is not None:
-    return mu, jax.device_put(precond, replicated)
-  return mu, jnp.asarray(precond)
+  return mu, jax.device_put(inverse.T.astype(np.float32), replicated)
 
 
-def _weights(u, mu, precond, layout: _Layout | None = None):
+def _weights(u, mu, precond, layout=None):
   """(W^T [C, D], b [C]) from the solver's U: W^T = U_w^T P^T (transposed:
   XLA:CPU's gradient g^T x is ~3x faster than x^T g). On a mesh each device
   computes its columns of W^T from its rows of P, in a shard_map."""
   if layout is None:
     wt = u['w'] @ precond.T
   else:
+    axis = layout.spec[0]
+
     def columns(uw, rows):        # [C, D], [D' / devices, D] -> [C, D']
-      return jax.lax.all_gather(uw @ rows.T, layout.axis, axis=1, tiled=True,
+      return jax.lax.all_gather(uw @ rows.T, axis, axis=1, tiled=True,
                                 to='invarying')
     wt = jax.shard_map(
         columns, mesh=layout.mesh,
         in_specs=(jax.sharding.PartitionSpec(),
-                  jax.sharding.PartitionSpec(layout.axis, None)),
+                  jax.sharding.PartitionSpec(axis, None)),
         out_specs=jax.sharding.PartitionSpec())(
             u['w'], precond)[:, :mu.shape[0]]
   return wt, u['b'] - wt @ mu
@@ -156,22 +136,6 @@ def _objective(x, y, mask, l2, mu, precond, layout=None):
   return objective
 
 
-def _lbfgs_step(objective):
-  """One L-BFGS iteration on (params, state)."""
-  solver = optax.lbfgs()
-  # Reuses the value and gradient the line search already computed.
-  value_and_grad = optax.value_and_grad_from_state(objective)
-
-  def step(carry):
-    p, state = carry
-    value, grad = value_and_grad(p, state=state)
-    updates, state = solver.update(grad, state, p, value=value, grad=grad,
-                                   value_fn=objective)
-    return optax.apply_updates(p, updates), state
-
-  return step
-
-
 def _progress(state):
   """(iterations, ||grad||) of an optax L-BFGS state."""
   return (optax.tree.get(state, 'count'),
@@ -181,7 +145,7 @@ def _progress(state):
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _initial_carry(num_classes: int, d: int):
   """(U = 0: U_w^T [C, D], U_b [C]; L-BFGS state), strongly typed so that
-  every chunk of `_fit_logistic` shares one compilation."""
+  every chunk of the L-BFGS loop shares one compilation."""
   params = {'w': jnp.zeros((num_classes, d), jnp.float32),
             'b': jnp.zeros((num_classes,), jnp.float32)}
   return jax.tree.map(lambda a: a.astype(a.dtype),
@@ -199,7 +163,18 @@ def _lbfgs_until(carry, x, y, mask, l2, mu, precond, tol, until, *,
 
   if layout is not None:
     precond = _split_rows(precond, layout)
-  step = _lbfgs_step(_objective(x, y, mask, l2, mu, precond, layout))
+  objective = _objective(x, y, mask, l2, mu, precond, layout)
+  solver = optax.lbfgs()
+  # Reuses the value and gradient the line search already computed.
+  value_and_grad = optax.value_and_grad_from_state(objective)
+
+  def step(carry):
+    p, state = carry
+    value, grad = value_and_grad(p, state=state)
+    updates, state = solver.update(grad, state, p, value=value, grad=grad,
+                                   value_fn=objective)
+    return optax.apply_updates(p, updates), state
+
   carry = jax.lax.while_loop(not_done, step, carry)
   return carry, _progress(carry[1])
 
@@ -210,38 +185,6 @@ def _solution(carry, mu, precond):
   u, state = carry
   wt, b = _weights(u, mu, precond)
   return {'w': wt.T, 'b': b}, optax.tree.get(state, 'value')
-
-
-def _fit_logistic(x, y, mask, l2, tol, *, num_classes, max_iter,
-                  precondition=True, on_progress=None):
-  """L-BFGS on `_objective` from zero, in ~10 jitted chunks (the iterates of
-  one loop) reported to `on_progress(iterations, max_iter)`; without
-  `precondition`, mu = 0 and P = I. Returns (params, objective, iterations,
-  ||grad_U||)."""
-  d = x.shape[1]
-  l2, tol = np.float32(l2), np.float32(tol)   # The objective's float32 values.
-  if precondition:
-    mu, precond = _preconditioner(x, mask, float(l2), num_classes=num_classes)
-  else:
-    mu, precond = np.zeros((d,), np.float32), np.eye(d, dtype=np.float32)
-  carry = _initial_carry(num_classes, d)
-  # Replicated as a chunk returns it: one compilation for every chunk.
-  if (replicated := _replicated(x)) is not None:
-    carry, mu, precond = jax.device_put((carry, mu, precond), replicated)
-  layout = _layout(x)
-  chunk = max(1, -(-max_iter // 10))
-  for until in range(chunk, max_iter + chunk, chunk):
-    until = min(until, max_iter)
-    carry, (count, grad_norm) = _lbfgs_until(
-        carry, x, y, mask, l2, mu, precond, tol, np.int32(until),
-        layout=layout)
-    count, grad_norm = jax.device_get((count, grad_norm))
-    if on_progress is not None:
-      on_progress(int(count), max_iter)
-    if count < until or grad_norm < tol:   # Converged before the cap.
-      break
-  params, value = _solution(carry, mu, precond)
-  return params, value, count, grad_norm
 
 
 @jax.jit
@@ -259,25 +202,15 @@ def logistic_regression(train_x, train_y, test_x, test_y, *, num_classes: int,
                         max_iter: int = 50, tol: float = 1e-5,
                         precondition: bool = True, train_mask=None,
                         test_mask=None, on_progress=None) -> dict[str, float]:
-  """Multinomial logistic-regression probe (full batch, L-BFGS, from zero).
-
-  Minimises mean_i CE(W x_i + b, y_i) + l2 / 2 ||W||_F^2 (bias unpenalised):
-  scikit-learn's `LogisticRegression(C=1 / (l2 N_train))` up to a factor
-  N_train.
-
-  Features [N, D] / [M, D] (numpy or global jax arrays), labels in [0, C);
-  masks [N] / [M] bool, False for padding rows. `normalize` L2-normalises
-  rows first; `max_iter` caps L-BFGS (preconditioned, 50 is within 0.05
-  point of the optimum on configs/base.py's features); `tol` stops at
-  ||grad_U|| < tol; `precondition` False: plain L-BFGS on W;
-  `on_progress(iterations, max_iter)` is called ~10 times.
-
-  Returns:
-    {'top1', 'top5': test accuracy, 'train_top1', 'loss': final training
-    objective, 'num_iter': iterations run, 'grad_norm': final ||grad||}.
-  """
-  _check_xy(train_x, train_y, 'train')
-  _check_xy(test_x, test_y, 'test')
+  """Multinomial logistic-regression probe: minimises mean_i CE(W x_i + b,
+  y_i) + l2 / 2 ||W||_F^2 (scikit-learn's C = 1 / (l2 N_train) objective
+  / N_train) from zero on features [N, D] / [M, D] (numpy or global jax
+  arrays), masks False on padding. Returns {'top1', 'top5' (test),
+  'train_top1', 'loss', 'num_iter', 'grad_norm'}."""
+  for name, x, y in (('train', train_x, train_y), ('test', test_x, test_y)):
+    if np.ndim(x) != 2 or np.shape(y) != (np.shape(x)[0],):
+      raise ValueError(f'{name}_x must be [N, D] and {name}_y [N]; got '
+                       f'{np.shape(x)} and {np.shape(y)}.')
   # Host arrays stay numpy (not jnp: an eager op is one more program).
   host = lambda a: a if isinstance(a, jax.Array) else np.asarray(a)
   mask = lambda m, y: (np.ones((np.shape(y)[0],), np.float32) if m is None
@@ -285,10 +218,30 @@ def logistic_regression(train_x, train_y, test_x, test_y, *, num_classes: int,
   x, y, train_mask, tx, ty, test_mask = _inputs(
       host(train_x), host(train_y), mask(train_mask, train_y), host(test_x),
       host(test_y), mask(test_mask, test_y), normalize=bool(normalize))
-  params, value, count, grad_norm = _fit_logistic(
-      x, y, train_mask, l2, tol, num_classes=int(num_classes),
-      max_iter=int(max_iter), precondition=precondition,
-      on_progress=on_progress)
+  num_classes, max_iter, d = int(num_classes), int(max_iter), x.shape[1]
+  l2, tol = np.float32(l2), np.float32(tol)   # The objective's float32 values.
+  if precondition:
+    mu, precond = _preconditioner(x, train_mask, float(l2),
+                                  num_classes=num_classes)
+  else:                                       # Plain L-BFGS on W.
+    mu, precond = np.zeros((d,), np.float32), np.eye(d, dtype=np.float32)
+  carry = _initial_carry(num_classes, d)
+  # Replicated as a chunk returns it: one compilation for every chunk.
+  if (replicated := _replicated(x)) is not None:
+    carry, mu, precond = jax.device_put((carry, mu, precond), replicated)
+  layout = _layout(x)
+  chunk = max(1, -(-max_iter // 10))          # ~10 chunks for on_progress.
+  for until in range(chunk, max_iter + chunk, chunk):
+    until = min(until, max_iter)
+    carry, (count, grad_norm) = _lbfgs_until(
+        carry, x, y, train_mask, l2, mu, precond, tol, np.int32(until),
+        layout=layout)
+    count, grad_norm = jax.device_get((count, grad_norm))
+    if on_progress is not None:
+      on_progress(int(count), max_iter)
+    if count < until or grad_norm < tol:   # Converged before the cap.
+      break
+  params, value = _solution(carry, mu, precond)
   top1, top5, train_top1 = _probe_accuracies(params, x, y, train_mask, tx, ty,
                                              test_mask)
   return {'top1': float(top1), 'top5': float(top5),
@@ -298,8 +251,7 @@ def logistic_regression(train_x, train_y, test_x, test_y, *, num_classes: int,
 
 class LogReg(base.Evaluator):
   """`logistic_regression` on L2-normalised features of the training split,
-  scored on the evaluation split. Config fields: `l2`, `max_iter`. Metrics:
-  'linear_top1', 'linear_top5', ...
+  scored on the evaluation split. Metrics: 'linear_top1', 'linear_top5', ...
   """
   type = 'logreg'
   DEFAULTS = {'l2': 1e-5, 'max_iter': 50}

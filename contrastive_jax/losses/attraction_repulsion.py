@@ -15,12 +15,6 @@ from contrastive_jax.losses import common
 _MASKED = -1e30
 
 
-def _entropy(log_w: jax.Array, axis: int) -> jax.Array:
-  """-sum w log w along `axis`, treating masked (w == 0) entries as 0."""
-  w = jnp.exp(log_w)
-  return -jnp.sum(jnp.where(w > 0, w * log_w, 0.), axis=axis)
-
-
 @common.float32_matmuls
 def cacr(z: jax.Array, *, key: jax.Array | None = None,
          queue: jax.Array | None = None, t_pos: float = 1.0,
@@ -30,25 +24,14 @@ def cacr(z: jax.Array, *, key: jax.Array | None = None,
   """CACR loss (Eqs. 2-4, Sec. 3.2 estimator; App. C.2 Alg. 3 with a queue).
 
   L = E[sum_k pi+_k c(z, z+_k)] - E[sum_j pi-_j c(z, z-_j)], c = ||a - b||^2
-  on the unit sphere; each of the V = K + 1 views is the query in turn, with
-  the other K views as positives. In-batch (`key=None`): the released
-  small-scale code; with `key`: Algorithm 3 (MoCo v2).
-
-  Args:
-    z: [N, V, D] query embeddings, V = K + 1 >= 2 (any float dtype).
-    key: optional [N, V, D] momentum-encoder embeddings (MoCo regime).
-    queue: optional [Q, D] negatives (past keys); needs `key`.
-    t_pos: multiplies ||z - z+||^2 inside pi+ (1.0 in every paper setting).
-    t_neg: multiplies ||z - z-||^2 inside pi- (2.0; 0.9 for K = 4 CIFAR-10).
-    negatives: 'cross_view', the in-batch negatives of the released code:
-      z_j^(u), j != i, for view pairs v < u.
-    intra_batch: MoCo only: add the other same-view queries to the queue.
-    sg_pos: stop the gradient through pi+ (None: True iff `key` is given).
-    sg_neg: stop the gradient through all of pi-.
-
-  Returns:
-    (loss, metrics) with `ca`, `cr` (the two terms), `pos_entropy` and
-    `neg_entropy` (mean entropies of pi+ and pi-, Eq. 8) and `pos_sim`.
+  on the unit sphere, pi+ = softmax(t_pos c), pi- = softmax(-t_neg c); each
+  of the V = K + 1 views of z [N, V, D] is the query in turn, the other K its
+  positives. In-batch (`key=None`, the released small-scale code): negatives
+  z_j^u, j != i, of view pairs v < u ('cross_view'). With `key` [N, V, D]
+  (Algorithm 3, MoCo v2): a queue [Q, D] plus, with `intra_batch`, the other
+  same-view queries. `sg_pos` (None: True iff `key`) and `sg_neg` stop the
+  gradient through pi+ and pi-. Metrics: `ca`, `cr`, the mean entropies
+  `pos_entropy`, `neg_entropy` (Eq. 8) and `pos_sim`.
   """
   common.check_views(z, 'z', min_views=2)
   common.check_choice('negatives', negatives, ('cross_view',))
@@ -78,16 +61,29 @@ def cacr(z: jax.Array, *, key: jax.Array | None = None,
   c_pos = 2. - 2. * jnp.einsum('nvd,nud->nvu', q, k)          # [N, V, V]
   log_wp = jax.nn.log_softmax(
       jnp.where(off_view, t_pos * c_pos, _MASKED), axis=-1)
-  w_pos = jnp.exp(log_wp)
+  w_pos = jnp.exp(log_wp)                     # masked entries: exactly 0
+  pos_entropy = jnp.mean(
+      -jnp.sum(jnp.where(w_pos > 0, w_pos * log_wp, 0.), axis=-1))
   if sg_pos:
     w_pos = jax.lax.stop_gradient(w_pos)
   ca = jnp.mean(jnp.sum(jnp.where(off_view, w_pos * c_pos, 0.), axis=-1))
-  pos_entropy = jnp.mean(_entropy(log_wp, -1))
 
+  # Repulsion: (cost [..., M], mask or None) for each set of negatives.
   if key is None:
-    cr, neg_entropy = _repulsion_in_batch(q, t_neg, sg_neg)
+    a_idx, b_idx = np.triu_indices(v, 1)                      # pairs v < u
+    c = 2. - 2. * jnp.einsum('ipd,jpd->pij', q[:, a_idx], q[:, b_idx])
+    parts = [(c, ~jnp.eye(n, dtype=bool)[None])]              # j != i
   else:
-    cr, neg_entropy = _repulsion_moco(q, queue, t_neg, intra_batch, sg_neg)
+    parts = []
+    if queue is not None:
+      kq, inv_norm = common.unit_queue(queue)
+      c_q = 2. - 2. * jnp.einsum('nvd,qd->nvq', q, kq) * inv_norm  # [N, V, Q]
+      parts.append((c_q, None))
+    if intra_batch:
+      c_b = 2. - 2. * jnp.einsum('ivd,jvd->ivj', q, q)         # [N, V, N]
+      parts.append((c_b, ~jnp.eye(n, dtype=bool)[:, None, :]))
+  per_row, entropy = _repulsion(parts, t_neg, sg_neg)
+  cr, neg_entropy = -jnp.mean(per_row), jnp.mean(entropy)
   pos_sim = (jnp.sum(jnp.where(off_view, 1. - c_pos / 2., 0.))
              / (n * v * (v - 1)))
   metrics = {'ca': ca, 'cr': cr, 'pos_entropy': pos_entropy,
@@ -98,8 +94,7 @@ def cacr(z: jax.Array, *, key: jax.Array | None = None,
 def _repulsion(parts, t_neg, sg_neg):
   """Per-row (sum_j pi-_j c_j, H(pi-)) over a union of negative sets.
 
-  `parts` lists (c, mask): costs [..., M_p] and a mask or None. One exp per
-  entry: pi- = e / S, e = exp(logit - max).
+  One exp per entry: pi- = e / S, e = exp(logit - max).
   """
   logits = [-t_neg * c if m is None else jnp.where(m, -t_neg * c, _MASKED)
             for c, m in parts]
@@ -115,28 +110,3 @@ def _repulsion(parts, t_neg, sg_neg):
   den_v = jax.lax.stop_gradient(den)
   entropy = jnp.log(den_v) + top + t_neg * wc / den_v  # log S + top - E[lg]
   return num / den, entropy
-
-
-def _repulsion_in_batch(q, t_neg, sg_neg):
-  """L_CR and mean H(pi-) with cross-view in-batch negatives; q: [N, V, D]."""
-  n, v, _ = q.shape
-  a_idx, b_idx = np.triu_indices(v, 1)                       # pairs v < u
-  c = 2. - 2. * jnp.einsum('ipd,jpd->pij', q[:, a_idx], q[:, b_idx])
-  other = ~jnp.eye(n, dtype=bool)[None]                      # j != i
-  per_row, entropy = _repulsion([(c, other)], t_neg, sg_neg)
-  return -jnp.mean(per_row), jnp.mean(entropy)
-
-
-def _repulsion_moco(q, queue, t_neg, intra_batch, sg_neg):
-  """L_CR and mean H(pi-) with queue (+ same-view in-batch) negatives."""
-  n, _, _ = q.shape
-  parts = []
-  if queue is not None:
-    kq, inv_norm = common.unit_queue(queue)
-    c_q = 2. - 2. * jnp.einsum('nvd,qd->nvq', q, kq) * inv_norm  # [N, V, Q]
-    parts.append((c_q, None))
-  if intra_batch:
-    c_b = 2. - 2. * jnp.einsum('ivd,jvd->ivj', q, q)           # [N, V, N]
-    parts.append((c_b, ~jnp.eye(n, dtype=bool)[:, None, :]))
-  per_row, entropy = _repulsion(parts, t_neg, sg_neg)
-  return -jnp.mean(per_row), jnp.mean(entropy)

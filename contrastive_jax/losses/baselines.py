@@ -63,18 +63,9 @@ def align_uniform(z: jax.Array, *, alpha: float = 2., t: float = 2.,
                   uniform_weight: float = 1.) -> common.LossOutput:
   """Alignment + uniformity (Wang & Isola 2020, Sec. 4.1), "AU-CL".
 
-  L = E ||f(x) - f(x+)||^alpha + uniform_weight log E e^{-t ||f(x) - f(y)||^2},
-  the alignment over all view pairs, the uniformity within each view and
-  averaged over views: the reference code `SsnL/align_uniform` (used by CACR).
-
-  Args:
-    z: [N, V, D] embeddings, N >= 2, V >= 2.
-    alpha: exponent of the alignment distance (alpha > 0).
-    t: uniformity kernel scale (t > 0).
-    uniform_weight: weight of L_uniform.
-
-  Returns:
-    (loss, metrics) with `align`, `uniform`, `pos_sim`, `neg_sim` and `acc`.
+  L = E ||f(x) - f(x+)||^alpha + uniform_weight log E e^{-t ||f(x) - f(y)||^2}
+  on z [N >= 2, V >= 2, D]: the alignment over all view pairs, the uniformity
+  within each view, averaged over views (the reference `SsnL/align_uniform`).
   """
   _, sim, pos, neg, self_mask = common.in_batch(z, 2)
   v = z.shape[1]
@@ -99,17 +90,8 @@ def hard_negative(z: jax.Array, *, temperature: float = 0.5, beta: float = 1.,
   L_ip = -log(e^{l_p} / (e^{l_p} + Ng)), l = cos / tau, with
   Ng = max((sum_n w_n e^{l_n} - tau_plus K e^{l_p}) / (1 - tau_plus),
   K e^{-1/tau}) and w_n = e^{beta l_n} / mean_n' e^{beta l_n'} over the
-  K = (N-1) V negatives; for V = 2 the reference code `joshr17/HCL`.
-
-  Args:
-    z: [N, V, D] embeddings, N >= 2, V >= 2.
-    temperature: tau (0.5 in CACR).
-    beta: hardness concentration (0 = uniform weights).
-    tau_plus: class prior of the debiasing term, in [0, 1).
-
-  Returns:
-    (loss, metrics) with `pos_sim`, `neg_sim`, `acc`, `neg_weight_max` (mean
-    largest w_n), `weighted_neg_sim` and `clamp_frac` (floor active).
+  K = (N-1) V negatives of z [N >= 2, V >= 2, D]; for V = 2 the reference
+  `joshr17/HCL`. `clamp_frac`: the fraction of pairs where the floor binds.
   """
   common.check_temperature(temperature)
   if not 0. <= tau_plus < 1.:
@@ -167,21 +149,13 @@ def hard_negative(z: jax.Array, *, temperature: float = 0.5, beta: float = 1.,
 @common.float32_matmuls
 def dcl(z: jax.Array, *, temperature: float = 0.1,
         layout: str = 'cross_view') -> common.LossOutput:
-  """Decoupled contrastive loss (Yeh et al. 2021), the MACL baseline.
+  """Decoupled contrastive loss (Yeh et al. 2021) on z [N >= 2, V >= 2, D].
 
   L_i = -l_ip + log sum_{n in N(i)} e^{l_in}, l = cos / tau: InfoNCE without
   the positive in the denominator, the mean over anchors (it can be < 0).
   'cross_view' (MACL's Eq. 1 and code): anchor z_i^a, positive z_i^b,
   negatives z_j^b, over ordered view pairs a != b. 'simclr': the other V (N-1)
   views as negatives, averaged over the anchor's positives.
-
-  Args:
-    z: [N, V, D] embeddings, N >= 2, V >= 2.
-    temperature: tau (MACL's tau_0 = 0.1).
-    layout: 'cross_view' or 'simclr'.
-
-  Returns:
-    (loss, metrics) with `pos_sim`, `neg_sim` and `acc`.
   """
   common.check_temperature(temperature)
   common.check_choice('layout', layout, ('cross_view', 'simclr'))

@@ -9,8 +9,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-Metrics = dict[str, jax.Array]
-LossOutput = tuple[jax.Array, Metrics]
+LossOutput = tuple[jax.Array, dict[str, jax.Array]]   # (loss, metrics)
 
 MASKED = -1e9      # Logit of masked-out entries: finite, exp() is exactly 0.
 MAX_VIEWS = 64     # The most views per instance a recipe makes (2 + 8 crops).
@@ -108,18 +107,6 @@ def check_views(z, name: str, *, min_views: int = 1,
     raise ValueError(
         f'{name} has {v} views (shape {tuple(shape)}) but this loss needs '
         f'{want} views per instance.')
-
-
-def check_labels(labels, n: int, name: str = 'labels') -> None:
-  """Raises ValueError unless `labels` is an int vector of length n."""
-  if labels is None:
-    raise ValueError(
-        f'this loss is supervised: pass {name}=... (int class ids of shape '
-        f'[{n}]).')
-  shape = jnp.shape(labels)
-  if shape != (n,):
-    raise ValueError(f'{name} must have shape [{n}] (one id per instance); got '
-                     f'shape {tuple(shape)}.')
 
 
 def check_same_dim(a, b, name_a: str, name_b: str) -> None:

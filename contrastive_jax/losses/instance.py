@@ -12,19 +12,11 @@ _MASKED = common.MASKED
 
 @common.float32_matmuls
 def ntxent(z: jax.Array, *, temperature: float = 0.1) -> common.LossOutput:
-  """NT-Xent of SimCLR (Chen et al. 2020, Eq. 1), for V >= 2 views.
+  """NT-Xent of SimCLR (Chen et al. 2020, Eq. 1) on z [N, V >= 2, D].
 
   L_i = -mean_{p in P(i)} log(e^{s_ip / tau} / sum_{a != i} e^{s_ia / tau}),
-  the mean over the N*V anchors: SimCLR's loss for V = 2, SupCon's L_out with
-  instance labels for V > 2.
-
-  Args:
-    z: [N, V, D] embeddings (any float dtype), V >= 2.
-    temperature: tau.
-
-  Returns:
-    (loss, metrics) with `pos_sim`, `neg_sim` (mean cosines) and `acc` (the
-    nearest non-self embedding is a positive).
+  the mean over the N*V anchors (SupCon's L_out with instance labels for
+  V > 2). `acc`: the nearest non-self embedding is a positive.
   """
   _, sim, pos_mask, neg_mask, self_mask = common.in_batch(z)  # [NV, NV]
   common.check_temperature(temperature)
@@ -42,10 +34,10 @@ def ntxent(z: jax.Array, *, temperature: float = 0.1) -> common.LossOutput:
 
 
 def _add_queue(lse, max_neg, anchors, queue, temperature, a_idx):
-  """Merges queue logits into [P, N] `lse` and `max_neg` of view pairs `a_idx`.
+  """Merges queue logits into [P, N] `lse` and `max_neg`; also qlog [N, V, Q].
 
-  Returns (lse, max_neg, qlog [N, V, Q]); the queue part of a denominator
-  depends on the anchor's view alone, so it is computed once per view.
+  The queue part of a denominator depends on the anchor's view alone (view
+  a_idx[p] of pair p), so it is computed once per view.
   """
   n, v, d = anchors.shape
   qlog = common.queue_logits(anchors.reshape(n * v, d), queue, temperature)
@@ -72,22 +64,11 @@ def infonce(query: jax.Array, key: jax.Array, *,
   """InfoNCE with a key encoder: MoCo v1/v2 (He et al. 2020, Eq. 1) and v3.
 
   L = -log e^{q.k+ / tau} / (e^{q.k+ / tau} + sum_{k-} e^{q.k- / tau}),
-  averaged over (view pair, instance) anchors. Vk = 1 pairs every query view
-  with key view 0 (MoCo v1/v2: in_batch_negatives=False); Vq = Vk pairs views
-  a != b (MoCo v3's Alg. 1, whose code returns 4 tau times this value;
-  `config.loss_scale` applies it). An empty or absent queue is in-batch
-  InfoNCE.
-
-  Args:
-    query: [N, Vq, D] query-encoder embeddings (gradients flow here).
-    key: [N, Vk, D] momentum-encoder embeddings, Vk = 1 or Vq.
-    queue: optional [Q, D] negatives (past keys); no gradient reaches it.
-    temperature: tau (0.2 for MoCo v2, 0.07 for MoCo v1).
-    in_batch_negatives: also use the other instances' keys as negatives.
-
-  Returns:
-    (loss, metrics) with `pos_sim`, `neg_sim` and `acc` (the positive beats
-    every negative).
+  the mean over (view pair, instance) anchors; query [N, Vq, D], key
+  [N, Vk, D] (no gradient), queue [Q, D] negatives (empty or None: in-batch
+  InfoNCE). Vk = 1 pairs every query view with key view 0 (MoCo v1/v2);
+  Vk = Vq pairs views a != b (MoCo v3, whose code returns 4 tau times this:
+  `config.loss_scale`). `acc`: the positive beats every negative.
   """
   _check_key_inputs(query, key, queue)
   common.check_temperature(temperature)
@@ -139,21 +120,10 @@ def insdis(query: jax.Array, key: jax.Array, *, queue: jax.Array,
 
   J_i = -log h(i, v_i) - sum_{k=1..m} log(1 - h(j_k, v_jk))
         + proximal_weight ||f_i - v_i||^2,  h = P(i|v) / (P(i|v) + m / n),
-  with P(i|v) = e^{v.f / tau} / Z, Z estimated from the batch's noise rows
-  (docs/losses.md); the batch mean. Noise rows are drawn per instance as the
-  lemniscate code's NCEAverage does, or shared by the batch.
-
-  Args:
-    query: [N, 1, D] current features f_i (gradients flow here).
-    key: [N, 1, D] their memory-bank rows v_i (the positives).
-    queue: noise bank rows, [N, m, D] (per instance) or [m, D] (shared).
-    num_data: n, the data set (bank) size.
-    temperature: tau (0.07 in the paper).
-    proximal_weight: lambda (0 in configs/papers/insdis.py, as the code).
-
-  Returns:
-    (loss, metrics) with `pos_sim`, `neg_sim`, `acc`, `nce`, `proximal`,
-    `nce_z` (the Z used) and `h_pos` (mean h of the positives).
+  P(i|v) = e^{v.f / tau} / Z, Z estimated from the batch's noise rows; the
+  batch mean. query [N, 1, D]: features f_i; key [N, 1, D]: their bank rows
+  v_i; queue: noise rows, [N, m, D] per instance or [m, D] shared; num_data:
+  n, the bank size. Metrics include `nce_z` (Z) and `h_pos` (mean h(i, v_i)).
   """
   common.check_views(query, 'query', min_views=1, max_views=1)
   common.check_views(key, 'key', min_views=1, max_views=1)
@@ -163,13 +133,12 @@ def insdis(query: jax.Array, key: jax.Array, *, queue: jax.Array,
   per_instance = jnp.ndim(queue) == 3
   _check_key_inputs(query, key, None)
   n, _, d = query.shape
-  if per_instance:
-    if tuple(jnp.shape(queue))[::2] != (n, d):
-      raise ValueError(f'per-instance noise must have shape [{n}, m, {d}] '
-                       f'(instances, samples, dim); got shape '
-                       f'{tuple(jnp.shape(queue))}.')
-  else:
+  if not per_instance:
     common.check_queue(queue, d)
+  elif tuple(jnp.shape(queue))[::2] != (n, d):
+    raise ValueError(f'per-instance noise must have shape [{n}, m, {d}] '
+                     f'(instances, samples, dim); got shape '
+                     f'{tuple(jnp.shape(queue))}.')
   common.check_temperature(temperature)
   m = queue.shape[-2]
   if m < 1:
@@ -210,21 +179,12 @@ def insdis(query: jax.Array, key: jax.Array, *, queue: jax.Array,
 @common.float32_matmuls
 def cmc(z: jax.Array, *, temperature: float = 0.07, graph: str = 'core',
         queue: jax.Array | None = None) -> common.LossOutput:
-  """Contrastive Multiview Coding (Tian et al. 2019, Sec. 3).
+  """Contrastive Multiview Coding (Tian et al. 2019), z: [N, V >= 2, D].
 
   L(V_a, V_b) = L^{a,b} + L^{b,a}, L^{a,b} the mean over anchors z_i^a of
-  -log softmax over view b (positive z_i^b, negatives z_j^b and the queue);
-  'core' sums L(V_0, V_j) over j >= 1, 'full' L(V_a, V_b) over a < b (Eq. 8),
-  a sum as in the reference code (l_loss + ab_loss).
-
-  Args:
-    z: [N, V, D] embeddings, V >= 2.
-    temperature: tau (0.07 in CMC).
-    graph: 'core' or 'full'.
-    queue: optional [Q, D] negatives shared by every direction.
-
-  Returns:
-    (loss, metrics) with `pos_sim`, `neg_sim`, `acc` and `num_pairs`.
+  -log softmax over view b (positive z_i^b, negatives z_j^b and the optional
+  queue [Q, D]); graph 'core' sums L(V_0, V_j) over j >= 1, 'full' sums
+  L(V_a, V_b) over a < b (Eq. 8), as the reference code's l_loss + ab_loss.
   """
   common.check_views(z, 'z', min_views=2)
   common.check_temperature(temperature)

@@ -16,22 +16,10 @@ def jcl(query: jax.Array, key: jax.Array, *, queue: jax.Array | None,
 
   L_i = -a_i + log(e^{a_i + c_i} + sum_j e^{b_ij}), a_i = q_i.mu_i / tau,
   b_ij = q_i.n_j / tau, c_i = lam / (2 tau^2) q_i^T Sigma_i q_i, with mu_i and
-  Sigma_i the mean and biased covariance of the instance's keys. M' = 1 is
-  MoCo v2's InfoNCE; the queue holds past key means (not renormalised).
-
-  Args:
-    query: [N, Vq, D] query-encoder embeddings (JCL uses Vq = 1).
-    key: [N, M', D] momentum-encoder embeddings of the M' positive crops.
-    queue: [Q, D] negatives (used as given), or None with in-batch negatives.
-    lam: current lambda (traced, so a jitted step does not recompile; the
-      per-epoch ramp is `config.loss_schedules.lam = 'epoch_ramp'`).
-    temperature: softmax temperature tau (0.2).
-    in_batch_negatives: also use the other instances' key means as negatives
-      (not in the paper; lets the loss run without a queue).
-
-  Returns:
-    (loss, metrics) with `var_term` (mean c_i), `q_sigma_q` (mean q^T Sigma q),
-    `key_var` (mean tr Sigma) and `pos_sim` (mean q . mu).
+  Sigma_i the mean and biased covariance of the key [N, M', D] rows of
+  query [N, Vq, D]'s instance; queue [Q, D]: past key means, used as given.
+  M' = 1 is MoCo v2's InfoNCE. `lam` may be traced (the per-epoch ramp);
+  `in_batch_negatives` (not in the paper) adds the other instances' key means.
   """
   common.check_views(query, 'query', min_views=1)
   common.check_views(key, 'key', min_views=1)

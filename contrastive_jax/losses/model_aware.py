@@ -12,25 +12,6 @@ from contrastive_jax.losses import common
 _MASKED = -1e30
 
 
-def adaptive_temperature(m: jax.Array, *, temperature: float, variant: str,
-                         alpha: float, beta: float) -> jax.Array:
-  """tau' of Eq. 8 ('a': tau0 alpha^m) or Eq. 9 ('b': tau0 (1 + beta m)).
-
-  m in [-1, 1] is the batch mean positive cosine; tau' is floored at 1e-4.
-  """
-  common.check_choice('variant', variant, ('a', 'b'))
-  tau = (temperature * alpha ** m if variant == 'a' else
-         temperature * (1. + beta * m))
-  return jnp.maximum(tau, 1e-4)
-
-
-def _eq14_value(x: jax.Array) -> jax.Array:
-  """-log(P_pos) / W = softplus(x) / sigmoid(x), finite for every x."""
-  xs = jnp.maximum(x, -20.)       # below: 1 + e^x / 2 + O(e^2x), no underflow
-  ratio = jnp.exp(jnp.log(jax.nn.softplus(xs)) - jax.nn.log_sigmoid(xs))
-  return jnp.where(x < -20., 1. + 0.5 * jnp.exp(x), ratio)
-
-
 @common.float32_matmuls
 def macl(z: jax.Array, *, temperature: float = 0.1, variant: str = 'a',
          alpha: float = 2.0, beta: float = 0.5,
@@ -39,21 +20,11 @@ def macl(z: jax.Array, *, temperature: float = 0.1, variant: str = 'a',
 
   L_i = -log P_pos,i / sg(W_i), W_i = sum_{j in N(i)} P_ij, at
   tau' = sg(tau(m)), m = sg(mean positive cosine) (Eq. 10): one temperature
-  per step. 'cross_view' (the released code, symmetric): anchor z_i^v,
-  positive z_i^u, negatives z_j^u, j != i, over ordered pairs u != v;
-  'simclr': negatives every z_j^w, j != i (SimCLR's 2N x 2N set for V = 2).
-
-  Args:
-    z: [N, V, D] embeddings, N >= 2, V >= 2 (any float dtype).
-    temperature: tau_0, the base temperature.
-    variant: 'a' (Eq. 8) or 'b' (Eq. 9).
-    alpha: base of Eq. 8 (> 1; alpha = 1 disables the adaptation).
-    beta: slope of Eq. 9 (0.5 in the paper; the released code uses 1.0).
-    layout: 'cross_view' or 'simclr'.
-
-  Returns:
-    (loss, metrics) with `tau` (tau'), `pos_sim` (m), `log_w` (mean log W_i) and
-    `dcl` (the DCL value on the same logits).
+  per step: 'a' tau_0 alpha^m (Eq. 8), 'b' tau_0 (1 + beta m) (Eq. 9),
+  floored at 1e-4; z [N >= 2, V >= 2, D]. 'cross_view' (the released code,
+  symmetric): anchor z_i^v, positive z_i^u, negatives z_j^u, j != i, over
+  ordered pairs u != v; 'simclr': negatives every z_j^w, j != i. Metrics:
+  `tau` (tau'), `pos_sim` (m), `log_w` (mean log W_i), `dcl` (DCL's value).
   """
   common.check_views(z, 'z', min_views=2)
   common.check_choice('layout', layout, ('cross_view', 'simclr'))
@@ -64,10 +35,12 @@ def macl(z: jax.Array, *, temperature: float = 0.1, variant: str = 'a',
   zf = common.l2_normalize(z)
   off_view = ~jnp.eye(v, dtype=bool)                          # [V, V]
   pos_cos = jnp.einsum('nvd,nud->nvu', zf, zf)                # [N, V, V]
-  m = jax.lax.stop_gradient(
-      jnp.sum(jnp.where(off_view, pos_cos, 0.)) / (n * v * (v - 1)))
-  tau = jax.lax.stop_gradient(adaptive_temperature(
-      m, temperature=temperature, variant=variant, alpha=alpha, beta=beta))
+  count = n * v * (v - 1)
+  m = jax.lax.stop_gradient(jnp.sum(jnp.where(off_view, pos_cos, 0.)) / count)
+  common.check_choice('variant', variant, ('a', 'b'))
+  tau = jax.lax.stop_gradient(jnp.maximum(
+      temperature * alpha ** m if variant == 'a' else
+      temperature * (1. + beta * m), 1e-4))
 
   if layout == 'cross_view':
     # One [N, N] block per view pair a < b serves both directions (rows:
@@ -89,9 +62,13 @@ def macl(z: jax.Array, *, temperature: float = 0.1, variant: str = 'a',
     x = lse_neg.reshape(n, v, 1) - pos_cos / tau              # [N, V, V]
     valid = jnp.broadcast_to(off_view, x.shape)
   # x = lse(negatives) - positive: -log P_pos = softplus(x), W = sigmoid(x).
-  count = n * v * (v - 1)
   dcl_value = jnp.sum(jnp.where(valid, x, 0.)) / count
-  value = jnp.sum(jnp.where(valid, _eq14_value(x), 0.)) / count
+  # Eq. 14's term softplus(x) / sigmoid(x), finite for every x: below -20 it
+  # is 1 + e^x / 2 to float32 precision, where both factors underflow.
+  xs = jnp.maximum(x, -20.)
+  ratio = jnp.exp(jnp.log(jax.nn.softplus(xs)) - jax.nn.log_sigmoid(xs))
+  eq14 = jnp.where(x < -20., 1. + 0.5 * jnp.exp(x), ratio)
+  value = jnp.sum(jnp.where(valid, eq14, 0.)) / count
   # Eq. 14's value with its gradient, DCL's: exact where log P_pos rounds to 0.
   loss = dcl_value + jax.lax.stop_gradient(value - dcl_value)
   metrics = {

@@ -10,14 +10,9 @@ from contrastive_jax.losses import common
 def byol(query: jax.Array, key: jax.Array) -> common.LossOutput:
   """BYOL's loss (Grill et al. 2020, Eq. 2), the mean over instances and views.
 
-  L = 2 - 2 <q, k> / (||q|| ||k||) = ||q / ||q|| - k / ||k|| ||^2.
-
-  Args:
-    query: [N, V, D] online predictions (gradients flow here).
-    key: [N, V, D] target projections; view v pairs with query view v.
-
-  Returns:
-    (loss, metrics) with `cosine`, the mean cosine similarity of the pairs.
+  L = 2 - 2 <q, k> / (||q|| ||k||) = ||q / ||q|| - k / ||k|| ||^2, with query
+  [N, V, D] the online predictions and key [N, V, D] the target projections
+  (view v pairs with query view v).
   """
   common.check_views(query, 'query')
   common.check_views(key, 'key')

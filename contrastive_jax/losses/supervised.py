@@ -20,7 +20,12 @@ def _label_batch(z, labels, *, supervised: bool):
   common.check_views(z, 'z', min_views=1 if supervised else 2)
   n, v, _ = z.shape
   if supervised:
-    common.check_labels(labels, n)
+    if labels is None:
+      raise ValueError(f'this loss is supervised: pass labels=... (int class '
+                       f'ids of shape [{n}]).')
+    if jnp.shape(labels) != (n,):
+      raise ValueError(f'labels must have shape [{n}] (one id per instance); '
+                       f'got shape {tuple(jnp.shape(labels))}.')
     if not jnp.issubdtype(jnp.asarray(labels).dtype, jnp.integer):
       raise ValueError(f'labels must be int class ids of shape [{n}]; got '
                        f'dtype {jnp.asarray(labels).dtype}.')
@@ -38,25 +43,12 @@ def _label_batch(z, labels, *, supervised: bool):
           n * v - n_same)
 
 
-def _reduce(per_anchor: jax.Array, n_pos: jax.Array) -> jax.Array:
-  """Mean over the anchors with a positive (the others' loss is undefined)."""
-  valid = n_pos > 0
-  return (jnp.sum(jnp.where(valid, per_anchor, 0.))
-          / jnp.maximum(jnp.sum(valid), 1)).astype(jnp.float32)
-
-
-def _mean_over(x: jax.Array, mask: jax.Array, counts: jax.Array) -> jax.Array:
-  """Mean of x [M, M] over mask, given the mask's row counts [M] (float32)."""
-  return (jnp.sum(jnp.where(mask, x, 0.))
-          / jnp.maximum(jnp.sum(counts), 1)).astype(jnp.float32)
-
-
-def _base_metrics(sim, logits, pos, neg, n_pos, n_neg):
+def _base_metrics(sim, logits, pos, neg, n_pos):
   """pos_sim, neg_sim, acc, num_pos; `logits` has the self entries masked."""
   hit = pos[jnp.arange(sim.shape[0]), jnp.argmax(logits, -1)]
   return {
-      'pos_sim': _mean_over(sim, pos, n_pos),
-      'neg_sim': _mean_over(sim, neg, n_neg),
+      'pos_sim': common.masked_mean(sim, pos),
+      'neg_sim': common.masked_mean(sim, neg),
       'acc': common.masked_mean(hit, n_pos > 0),
       'num_pos': jnp.mean(n_pos).astype(jnp.float32),
   }
@@ -68,19 +60,9 @@ def supcon(z: jax.Array, labels: jax.Array, *, temperature: float = 0.1,
   """Supervised contrastive loss (Khosla et al. 2020), L_out or L_in.
 
   L_out,i = -1/|P(i)| sum_{p in P(i)} log(e^{s_ip} / sum_{a != i} e^{s_ia})
-  (Eq. 2); L_in puts the mean over P(i) inside the log (Eq. 3); s = cos / tau.
-  The mean over anchors with a positive, as the SupContrast code, without its
-  tau / 0.07 factor (`config.loss_scale` applies it).
-
-  Args:
-    z: [N, V, D] embeddings, V >= 1.
-    labels: [N] int class ids.
-    temperature: tau (0.1 as in SupCon's CIFAR runs and TCL).
-    variant: 'out' (Eq. 2) or 'in' (Eq. 3).
-
-  Returns:
-    (loss, metrics) with `pos_sim`, `neg_sim`, `acc` (the nearest non-self
-    embedding shares the label) and `num_pos` (mean |P(i)|).
+  (Eq. 2); L_in puts the mean over P(i) inside the log (Eq. 3); s = cos / tau;
+  z [N, V, D], labels [N] int. The mean over anchors with a positive, as the
+  SupContrast code, without its tau / 0.07 factor (`config.loss_scale`).
   """
   common.check_choice('variant', variant, ('out', 'in'))
   sim, pos, neg, self_mask, n_pos, n_neg = _label_batch(z, labels,
@@ -95,8 +77,8 @@ def supcon(z: jax.Array, labels: jax.Array, *, temperature: float = 0.1,
   else:
     lse_pos = jax.nn.logsumexp(jnp.where(pos, logits, _MASKED), axis=-1)
     per_anchor = lse_all - lse_pos + jnp.log(jnp.maximum(n_pos, 1))
-  return _reduce(per_anchor, n_pos), _base_metrics(sim, logits, pos, neg,
-                                                   n_pos, n_neg)
+  return (common.masked_mean(per_anchor, n_pos > 0),
+          _base_metrics(sim, logits, pos, neg, n_pos))
 
 
 @common.float32_matmuls
@@ -107,28 +89,15 @@ def tcl(z: jax.Array, labels: jax.Array | None = None, *,
 
   L_i = -1/|P(i)| sum_{p in P(i)} log(e^{s_ip / tau} / D_i), with
   D_i = sum_P e^{s_ip / tau} + k1 sum_P e^{-s_ip} + k2 sum_{N(i)} e^{s_in / tau}
-  (s = cosine), the mean over anchors as in the official code. Defaults:
-  k1, k2, tau = 5000, 1, 0.1 with labels; 1, 1.5, 0.2 without (instance
-  labels, V = 3 in the thesis).
-
-  Args:
-    z: [N, V, D] embeddings; V >= 1 with labels, V >= 2 without.
-    labels: [N] int class ids, or None for self-supervised TCL.
-    k1: weight of the positives' e^{-s} term, >= 0 (None: mode default).
-    k2: weight of the negatives' sum, > 0 (None: mode default).
-    temperature: tau (None: mode default).
-
-  Returns:
-    (loss, metrics) with `pos_sim`, `neg_sim`, `acc`, `num_pos` and the
-    gradient coefficients `pos_grad_coef`, `neg_grad_coef` (docs/losses.md).
+  (s = cosine), the mean over anchors as in the official code. z [N, V, D]
+  with labels [N] int, or V >= 2 and labels=None (instance labels). None
+  takes the mode's default: k1, k2, tau = 5000, 1, 0.1 with labels; 1, 1.5,
+  0.2 without. `pos_grad_coef`, `neg_grad_coef`: Lemma 2's coefficients.
   """
   supervised = labels is not None
-  if k1 is None:
-    k1 = 5000. if supervised else 1.
-  if k2 is None:
-    k2 = 1. if supervised else 1.5
-  if temperature is None:
-    temperature = 0.1 if supervised else 0.2
+  defaults = (5000., 1., 0.1) if supervised else (1., 1.5, 0.2)
+  k1, k2, temperature = (d if x is None else x for x, d in
+                         zip((k1, k2, temperature), defaults))
   if isinstance(k1, (int, float)) and k1 < 0:
     raise ValueError(f'k1 must be >= 0; got {k1}.')
   if isinstance(k2, (int, float)) and k2 <= 0:
@@ -139,8 +108,8 @@ def tcl(z: jax.Array, labels: jax.Array | None = None, *,
   logits = sim / temperature
   # log D: the positives' and negatives' sums share e = e^{l - shift}
   # (the self entry -> -inf, so e_ii = 0 with a zero gradient); e^{-s} <= e.
-  shift = jax.lax.stop_gradient(jnp.max(
-      jnp.where(self_mask, _MASKED, logits), axis=-1, keepdims=True))
+  masked = jnp.where(self_mask, _MASKED, logits)
+  shift = jax.lax.stop_gradient(jnp.max(masked, axis=-1, keepdims=True))
   e = jnp.exp(jnp.where(self_mask, -jnp.inf, logits - shift))   # [M, M]
   s_pos = jnp.sum(jnp.where(pos, e, 0.), axis=-1)
   s_neg = jnp.sum(jnp.where(neg, e, 0.), axis=-1)
@@ -155,8 +124,7 @@ def tcl(z: jax.Array, labels: jax.Array | None = None, *,
   mean_pos = jnp.sum(jnp.where(pos, logits, 0.), -1) / jnp.maximum(n_pos, 1)
   per_anchor = log_d - mean_pos
 
-  metrics = _base_metrics(sim, jnp.where(self_mask, _MASKED, logits), pos, neg,
-                          n_pos, n_neg)
+  metrics = _base_metrics(sim, masked, pos, neg, n_pos)
   # Lemma 2's coefficients (Eqs. 4.6-4.9) from the loss's exponentials:
   # P_ij = e_ij e^{shift_i - log D_i}, Y_ij = tau k1 e^{-s_ij - log D_i}.
   sg = jax.lax.stop_gradient
@@ -171,4 +139,4 @@ def tcl(z: jax.Array, labels: jax.Array | None = None, *,
   neg_coef = k2 * sg(s_neg) * p_scale / jnp.maximum(n_neg, 1)
   metrics['pos_grad_coef'] = common.masked_mean(pos_coef, n_pos > 0)
   metrics['neg_grad_coef'] = common.masked_mean(neg_coef, n_neg > 0)
-  return _reduce(per_anchor, n_pos), metrics
+  return common.masked_mean(per_anchor, n_pos > 0), metrics

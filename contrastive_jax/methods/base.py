@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import flax
@@ -21,7 +20,6 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import losses
 from contrastive_jax import models
-from contrastive_jax import schedules
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,9 +63,10 @@ class Method:
           f'{", ".join(cls.losses)}.')
     accepted, _ = losses.inputs_of(config.loss)
     if config.use_labels and 'labels' not in accepted:
+      supervised = sorted(n for n in losses.LOSSES
+                          if 'labels' in losses.inputs_of(n)[0])
       raise ValueError(f'config.use_labels=True but {config.loss!r} takes no '
-                       'labels; supervised losses: '
-                       f'{", ".join(supervised_losses())}.')
+                       f'labels; supervised losses: {", ".join(supervised)}.')
 
   @classmethod
   def from_config(cls, config, ctx: Context) -> 'Method':
@@ -112,26 +111,6 @@ class Method:
 def loss_parameters(name: str) -> tuple[str, ...]:
   """The parameter names of loss `name`'s signature."""
   return tuple(inspect.signature(losses.get_loss(name)).parameters)
-
-
-def supervised_losses() -> tuple[str, ...]:
-  return tuple(sorted(name for name in losses.LOSSES
-                      if 'labels' in losses.inputs_of(name)[0]))
-
-
-def momentum(config, ctx: Context):
-  """The key encoder's EMA momentum schedule (config.moco)."""
-  return schedules.build(config.moco.momentum_schedule,
-                         float(config.moco.momentum),
-                         total_steps=ctx.total_steps,
-                         steps_per_epoch=ctx.steps_per_epoch,
-                         num_epochs=ctx.num_epochs,
-                         name='config.moco.momentum_schedule')
-
-
-def select_views(views, ids: Sequence[int]) -> jax.Array:
-  """Views `ids` (in that order): [B, len(ids), H, W, C]."""
-  return views[:, list(ids)]
 
 
 def forward(model, variables, views, *, embedding: str = 'projection'):

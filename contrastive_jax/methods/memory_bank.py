@@ -21,6 +21,17 @@ from contrastive_jax.losses.common import l2_normalize
 from contrastive_jax.methods import base
 
 
+# config.memory_bank, read by the memory_bank method; configs/base.py takes
+# it from here.
+DEFAULTS = {
+    'momentum': 0.5,           # Bank row update (InsDis: 0.5).
+    'num_negatives': 4096,     # Rows sampled as noise per step.
+    # 'per_instance': K rows for every instance (InsDis); 'shared': one
+    # K-row sample for the whole batch (CMC).
+    'noise': 'per_instance',
+}
+
+
 @flax.struct.dataclass
 class State:
   bank: jax.Array   # [bank_rows, D]; rows >= the data size are padding.
@@ -34,9 +45,9 @@ def bank_rows(num_examples: int, num_devices: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class Method(base.Method):
   """Static settings (config.memory_bank); see the module docstring."""
-  momentum: float = 0.5
-  num_negatives: int = 4096
-  noise: str = 'per_instance'
+  momentum: float = DEFAULTS['momentum']
+  num_negatives: int = DEFAULTS['num_negatives']
+  noise: str = DEFAULTS['noise']
   losses = ('insdis', 'cmc')
 
   @classmethod

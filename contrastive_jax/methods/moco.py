@@ -19,11 +19,30 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import losses
 from contrastive_jax import models
+from contrastive_jax import schedules
 from contrastive_jax.losses.common import l2_normalize
 from contrastive_jax.methods import base
 
 
-# What enters the queue after a step (config.moco.enqueue_keys).
+# config.moco, read by the moco and byol methods; configs/base.py takes it
+# from here and a config sets what its recipe changes.
+DEFAULTS = {
+    'momentum': 0.999,                # EMA momentum m (at step 0).
+    'momentum_schedule': 'constant',  # Or 'cosine' (to 1; MoCo v3).
+    'query_views': (0,),              # Views through the online encoder.
+    'key_views': (1,),                # Views through the key encoder.
+    'queue_size': 0,                  # 0: no queue; else % batch_size.
+    'shuffle_bn': False,              # Key encoder: per-device shuffle-BN.
+    # > 0: a predictor MLP (this hidden width, out head_out_dim) on the
+    # query branch, MoCo v3's and BYOL's; 0: none (MoCo v1/v2).
+    'predictor_hidden_dim': 0,
+    # What enters the queue (ENQUEUE_KEYS): the 'first' key view (MoCo), the
+    # 'last' (CACR's MoCo v2 code), the 'mean' of the normalised key views
+    # (JCL) or 'all', one after the other in key_views order (lightly's
+    # symmetric MoCo; queue_size then a multiple of batch_size x
+    # len(key_views)).
+    'enqueue_keys': 'first',
+}
 ENQUEUE_KEYS = ('first', 'last', 'mean', 'all')
 
 
@@ -49,13 +68,13 @@ class State:
 @dataclasses.dataclass(frozen=True)
 class Method(base.Method):
   """Static settings (config.moco)."""
-  query_views: tuple[int, ...] = (0,)
-  key_views: tuple[int, ...] = (1,)
-  queue_size: int = 0
-  shuffle_bn: bool = False
-  enqueue_keys: str = 'first'
+  query_views: tuple[int, ...] = DEFAULTS['query_views']
+  key_views: tuple[int, ...] = DEFAULTS['key_views']
+  queue_size: int = DEFAULTS['queue_size']
+  shuffle_bn: bool = DEFAULTS['shuffle_bn']
+  enqueue_keys: str = DEFAULTS['enqueue_keys']
   momentum: Any = None            # Schedule step -> m (schedules.build).
-  predictor_hidden_dim: int = 0   # > 0: MoCo v3's predictor on the queries.
+  predictor_hidden_dim: int = DEFAULTS['predictor_hidden_dim']
   losses = ('infonce', 'jcl', 'cacr')
   pairing: ClassVar[dict[str, str]] = {
       'infonce': 'other_slot', 'cacr': 'other_slot', 'jcl': 'every_slot'}
@@ -120,7 +139,7 @@ class Method(base.Method):
                        'predictor; MoCo v3 uses 4096).')
     if not 0. <= mc.momentum <= 1.:
       raise ValueError(f'config.moco.momentum={mc.momentum} must be in [0, 1].')
-    base.momentum(config, base.Context(1, 1, 1, 1, 1.))   # Known kind?
+    momentum(config, base.Context(1, 1, 1, 1, 1.))   # Known kind?
     if mc.shuffle_bn and num_devices == 1 and not config.model.bn_splits:
       logging.warning(
           'config.moco.shuffle_bn=True on one device: the key batch is '
@@ -141,7 +160,7 @@ class Method(base.Method):
                query_views=tuple(mc.query_views),
                key_views=tuple(mc.key_views), queue_size=int(mc.queue_size),
                shuffle_bn=bool(mc.shuffle_bn), enqueue_keys=mc.enqueue_keys,
-               momentum=base.momentum(config, ctx),
+               momentum=momentum(config, ctx),
                predictor_hidden_dim=int(mc.predictor_hidden_dim))
 
   def init(self, rngs, variables, *, out_dim: int) -> State:
@@ -168,7 +187,7 @@ class Method(base.Method):
     key_params = ema_update(ms.key_params, state.params, m)
     key_z, key_bs = key_forward(
         model, {'params': key_params, 'batch_stats': ms.key_batch_stats},
-        base.select_views(batch['views'], self.key_views), rng,
+        batch['views'][:, list(self.key_views)], rng,
         shuffle_bn=self.shuffle_bn, mesh=mesh,
         bn_splits=models.bn_splits_of(model))
     # Keys are targets (MoCo computes k under no_grad).
@@ -181,7 +200,7 @@ class Method(base.Method):
       queue = jax.lax.with_sharding_constraint(
           queue, NamedSharding(mesh, P('data', None)))
     return base.Prepared(
-        views=base.select_views(batch['views'], self.query_views),
+        views=batch['views'][:, list(self.query_views)],
         inputs=losses.LossInputs(z=None, key=key_z, queue=queue),
         method_state=ms.replace(key_params=key_params,
                                 key_batch_stats=key_bs),
@@ -207,6 +226,16 @@ class Method(base.Method):
       keys = losses.l2_normalize(key_z[:, 0])
     queue, ptr = enqueue(ms.queue, ms.queue_ptr, keys)
     return ms.replace(queue=queue, queue_ptr=ptr)
+
+
+def momentum(config, ctx: base.Context):
+  """The key encoder's EMA momentum schedule: step -> m (config.moco)."""
+  return schedules.build(config.moco.momentum_schedule,
+                         float(config.moco.momentum),
+                         total_steps=ctx.total_steps,
+                         steps_per_epoch=ctx.steps_per_epoch,
+                         num_epochs=ctx.num_epochs,
+                         name='config.moco.momentum_schedule')
 
 
 def key_forward(model, variables, views, rng, *, shuffle_bn: bool, mesh,
